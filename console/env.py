@@ -1,0 +1,157 @@
+"""Environment configuration, read once by settings.
+
+Every value is validated here so that a bad value stops the process at start with one line
+naming the variable, instead of a traceback from deep inside Django or psycopg.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+# Written by `python -m console.embedded up`; lets every process of a checkout (web, worker,
+# beat, a management command in another terminal) find the same embedded servers.
+EMBEDDED_STATE = VAR_DIR / "embedded.json"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(Exception):
+    """A configuration variable is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    debug: bool
+    secret_key: str
+    database_url: str
+    redis_url: str
+    allowed_hosts: list[str]
+    csrf_trusted_origins: list[str]
+    embedded_database: bool
+    embedded_redis: bool
+
+
+def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def _list(environ: Mapping[str, str], name: str, default: list[str]) -> list[str]:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _embedded_state() -> dict[str, str]:
+    try:
+        return json.loads(EMBEDDED_STATE.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _database_url(environ: Mapping[str, str]) -> tuple[str, bool]:
+    raw = environ.get("DATABASE_URL", "").strip()
+    if not raw:
+        url = _embedded_state().get("database_url")
+        if not url:
+            raise ConfigError(
+                "DATABASE_URL is not set and the embedded PostgreSQL is not running; "
+                "start it with `make services` (or `make run`), or set DATABASE_URL"
+            )
+        return url, True
+    parts = urlsplit(raw)
+    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ConfigError(
+            f"DATABASE_URL must be a PostgreSQL URL (postgresql://user@host:5432/name), "
+            f"got scheme {parts.scheme!r}"
+        )
+    if not parts.path.strip("/"):
+        raise ConfigError("DATABASE_URL names no database (postgresql://user@host:5432/NAME)")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
+    except ValueError as exc:
+        raise ConfigError(f"DATABASE_URL has a bad port: {exc}") from None
+    return raw, False
+
+
+def _redis_url(environ: Mapping[str, str]) -> tuple[str, bool]:
+    raw = environ.get("REDIS_URL", "").strip()
+    if not raw:
+        url = _embedded_state().get("redis_url")
+        if not url:
+            raise ConfigError(
+                "REDIS_URL is not set and the embedded Redis is not running; "
+                "start it with `make services` (or `make run`), or set REDIS_URL"
+            )
+        return url, True
+    parts = urlsplit(raw)
+    if parts.scheme not in {"redis", "rediss", "redis+socket"}:
+        raise ConfigError(
+            f"REDIS_URL must be a Redis URL (redis://host:6379/0), got scheme {parts.scheme!r}"
+        )
+    try:
+        parts.port  # noqa: B018
+    except ValueError as exc:
+        raise ConfigError(f"REDIS_URL has a bad port: {exc}") from None
+    return raw, False
+
+
+def _secret_key(environ: Mapping[str, str], debug: bool) -> str:
+    raw = environ.get("SECRET_KEY", "")
+    if raw:
+        if not debug and (len(raw) < 50 or raw.startswith("django-insecure")):
+            raise ConfigError("SECRET_KEY must be at least 50 random characters when DEBUG is off")
+        return raw
+    if not debug:
+        raise ConfigError("SECRET_KEY must be set when DEBUG is off")
+    # A development checkout keeps one generated key so sessions survive restarts.
+    key_file = VAR_DIR / "secret_key"
+    if key_file.exists():
+        return key_file.read_text().strip()
+    VAR_DIR.mkdir(exist_ok=True)
+    key = secrets.token_urlsafe(64)
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    return key
+
+
+def read_config(environ: Mapping[str, str]) -> Config:
+    debug = _bool(environ, "DEBUG", default=False)
+    database_url, embedded_database = _database_url(environ)
+    redis_url, embedded_redis = _redis_url(environ)
+    default_hosts = ["127.0.0.1", "localhost", "[::1]"] if debug else []
+    allowed_hosts = _list(environ, "ALLOWED_HOSTS", default_hosts)
+    if not debug and not allowed_hosts:
+        raise ConfigError("ALLOWED_HOSTS must list the site's host names when DEBUG is off")
+    origins = _list(environ, "CSRF_TRUSTED_ORIGINS", [])
+    for origin in origins:
+        if urlsplit(origin).scheme not in {"http", "https"}:
+            raise ConfigError(
+                f"CSRF_TRUSTED_ORIGINS entry {origin!r} must start with https:// or http://"
+            )
+    return Config(
+        debug=debug,
+        secret_key=_secret_key(environ, debug),
+        database_url=database_url,
+        redis_url=redis_url,
+        allowed_hosts=allowed_hosts,
+        csrf_trusted_origins=origins,
+        embedded_database=embedded_database,
+        embedded_redis=embedded_redis,
+    )

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from console import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("healthz", views.healthz, name="healthz"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("audit/", views.audit_list, name="audit"),
+    path("audit.csv", views.audit_csv, name="audit_csv"),
+    path("admin/", admin.site.urls),
+]

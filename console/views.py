@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+
+from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from console.celery import app as celery_app
+from console.forms import AuditFilterForm
+from operations.selectors import audit_events_for_user, keyset_page, tenants_for_user
+
+AUDIT_PAGE_SIZE = 50
+
+
+def _database_ok() -> bool:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            return cursor.fetchone() == (1,)
+    except Exception:  # noqa: BLE001 - any failure means "down"
+        connection.close_if_unusable_or_obsolete()
+        return False
+
+
+def _broker_ok() -> bool:
+    try:
+        with celery_app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@login_not_required
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    checks = {"database": _database_ok(), "broker": _broker_ok()}
+    body = {name: "ok" if ok else "down" for name, ok in checks.items()}
+    body["status"] = "ok" if all(checks.values()) else "down"
+    return JsonResponse(body, status=200 if all(checks.values()) else 503)
+
+
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    from operations.selectors import dashboard_metrics
+
+    tenants = tenants_for_user(request.user)
+    return render(
+        request, "console/dashboard.html",
+        {"tenants": tenants, "metrics": dashboard_metrics(request.user)},
+    )
+
+
+@require_GET
+def audit_list(request: HttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET)
+    filters = form.filters()
+    before = form.cleaned_data.get("before") if form.is_valid() else None
+    events, next_cursor = keyset_page(
+        audit_events_for_user(request.user, filters=filters), before=before,
+        size=AUDIT_PAGE_SIZE,
+    )
+    query = request.GET.copy()
+    query.pop("before", None)
+    context = {
+        "form": form,
+        "events": events,
+        "next_cursor": next_cursor,
+        "query": query.urlencode(),
+        "can_export": tenants_for_user(request.user, "export_audit").exists(),
+    }
+    template = "console/audit.html#rows" if request.htmx else "console/audit.html"
+    return render(request, template, context)
+
+
+def _csv_rows(events) -> Iterator[list[str]]:
+    yield ["id", "time", "actor", "tenant", "action", "object_type", "object_id", "reason",
+           "before", "after"]
+    for event in events.iterator(chunk_size=1000):
+        yield [
+            str(event.id), event.created_at.isoformat(), event.actor_username,
+            event.tenant.slug if event.tenant else "", event.action, event.object_type,
+            event.object_id, event.reason,
+            "" if event.before is None else str(event.before),
+            "" if event.after is None else str(event.after),
+        ]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@require_GET
+def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
+    if not tenants_for_user(request.user, "export_audit").exists():
+        raise PermissionDenied("downloading the audit trail needs the auditor or admin role")
+    form = AuditFilterForm(request.GET)
+    events = audit_events_for_user(request.user, filters=form.filters(), perm="export_audit")
+    writer = csv.writer(_Echo())
+    response = StreamingHttpResponse(
+        (writer.writerow(row) for row in _csv_rows(events)), content_type="text/csv"
+    )
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
+    return response

@@ -1,0 +1,49 @@
+"""Writes that are not engine transitions: the audit trail, tenants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from operations.models import AuditEvent, Tenant
+
+
+def audit_event_record(
+    *,
+    actor: AbstractBaseUser | None,
+    action: str,
+    tenant: Tenant | None = None,
+    object_type: str = "",
+    object_id: str = "",
+    reason: str = "",
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Append one audit event; joins the caller's transaction so both commit or neither."""
+    with transaction.atomic():
+        return AuditEvent.objects.create(
+            actor=actor if actor is not None and actor.is_authenticated else None,
+            actor_username=getattr(actor, "username", "") or "",
+            tenant=tenant,
+            action=action,
+            object_type=object_type,
+            object_id=object_id,
+            reason=reason,
+            before=before,
+            after=after,
+        )
+
+
+def tenant_create(*, slug: str, name: str, legal_entity: str = "") -> Tenant:
+    with transaction.atomic():
+        tenant, created = Tenant.objects.get_or_create(
+            slug=slug, defaults={"name": name, "legal_entity": legal_entity}
+        )
+        if created:
+            audit_event_record(
+                actor=None, action="tenant.create", tenant=tenant, object_type="tenant",
+                object_id=tenant.slug, after={"name": name, "legal_entity": legal_entity},
+            )
+        return tenant

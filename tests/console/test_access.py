@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+# Reachable without signing in, each for a reason: the sign-in page itself, the load
+# balancer's probe, and machine-to-machine endpoints that authenticate by signature.
+PUBLIC_PREFIXES = ("login/", "admin/login/", "healthz", "webhooks/", "sandbox/")
+
+
+def _walk(patterns, prefix=""):
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _walk(pattern.url_patterns, prefix + str(pattern.pattern))
+        elif isinstance(pattern, URLPattern):
+            yield prefix + str(pattern.pattern)
+
+
+def _concrete(route: str) -> str:
+    route = route.lstrip("^").rstrip("$").replace("\\Z", "").replace("\\", "")
+    route = re.sub(r"<(?:(\w+):)?(\w+)>", "x1", route)  # path converters
+    route = re.sub(r"\(\?P<\w+>[^)]*\)", "x1", route)  # admin regexes
+    route = re.sub(r"[()?*+^$]", "", route)
+    return "/" + route
+
+
+def all_routes() -> list[str]:
+    return sorted({_concrete(r) for r in _walk(get_resolver().url_patterns)})
+
+
+@pytest.mark.django_db
+def test_it_requires_login_on_every_route_but_the_public_ones():
+    client = Client()
+    routes = all_routes()
+    assert len(routes) > 10
+    checked = 0
+    for path in routes:
+        if path.lstrip("/").startswith(PUBLIC_PREFIXES):
+            continue
+        for method in ("get", "post"):
+            response = getattr(client, method)(path)
+            assert response.status_code in (302, 404, 405), (method, path, response.status_code)
+            if response.status_code == 302:
+                assert "login" in response["Location"], (method, path, response["Location"])
+            checked += 1
+    assert checked > 10
+
+
+@pytest.mark.django_db
+def test_it_serves_the_login_page_and_healthz_anonymously():
+    client = Client()
+    assert client.get("/login/").status_code == 200
+    assert client.get("/healthz").status_code in (200, 503)
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_post_without_a_csrf_token(approver):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(approver)
+    response = client.post("/logout/")
+    assert response.status_code == 403
+    # The same POST with the token goes through.
+    client.get("/")
+    token = client.cookies["csrftoken"].value
+    response = client.post("/logout/", HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 302
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_login_post_without_a_csrf_token(approver):
+    client = Client(enforce_csrf_checks=True)
+    response = client.post("/login/", {"username": "approver", "password": "x"})
+    assert response.status_code == 403
+
+
+@pytest.mark.django_db
+def test_it_sends_a_csp_without_inline_scripts(approver):
+    client = Client()
+    client.force_login(approver)
+    response = client.get("/")
+    policy = response["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
+    assert directives["script-src"] == "'self'"
+    assert "unsafe-inline" not in policy
+    assert "unsafe-eval" not in policy
+    html = response.content.decode()
+    assert "<script>" not in html and "<style" not in html and " style=" not in html
+    assert 'hx-headers=\'{"X-CSRFToken": "' in html
+
+
+@pytest.mark.django_db
+def test_it_signs_in_a_demo_style_user_and_shows_their_roles(approver):
+    client = Client()
+    response = client.post(
+        "/login/", {"username": "approver", "password": "correct horse battery staple"}
+    )
+    assert response.status_code == 302
+    page = client.get("/").content.decode()
+    assert "approver" in page and "Approver" in page

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from django.db import IntegrityError, InternalError, connection, transaction
+from django.test import Client
+
+from operations.models import AuditEvent
+from operations.services import audit_event_record
+
+
+@pytest.mark.django_db
+def test_it_refuses_update_and_delete_of_audit_events(acme):
+    event = audit_event_record(actor=None, action="test.event", tenant=acme, reason="why")
+    for sql in (
+        "UPDATE operations_auditevent SET reason = 'rewritten' WHERE id = %s",
+        "DELETE FROM operations_auditevent WHERE id = %s",
+    ):
+        with pytest.raises((InternalError, IntegrityError)) as excinfo:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql, [event.id])
+        assert "append-only" in str(excinfo.value)
+    event.refresh_from_db()
+    assert event.reason == "why"
+    assert AuditEvent.objects.filter(id=event.id).exists()
+
+
+@pytest.mark.django_db
+def test_it_refuses_an_orm_update_too(acme):
+    event = audit_event_record(actor=None, action="test.event", tenant=acme)
+    with pytest.raises((InternalError, IntegrityError)), transaction.atomic():
+        AuditEvent.objects.filter(id=event.id).update(action="forged")
+
+
+@pytest.fixture
+def trail(acme, globex, approver):
+    for i in range(7):
+        audit_event_record(
+            actor=approver, action="intent.approve" if i % 2 else "intent.reject",
+            tenant=acme, object_type="approval", object_id=f"apr_{i}", reason=f"r{i}",
+        )
+    audit_event_record(actor=None, action="intent.approve", tenant=globex, object_id="apr_g")
+
+
+@pytest.mark.django_db
+def test_it_lists_newest_first_only_for_granted_tenants(trail, auditor):
+    client = Client()
+    client.force_login(auditor)
+    html = client.get("/audit/").content.decode()
+    assert html.index("apr_6") < html.index("apr_5") < html.index("apr_0")
+    assert "apr_g" not in html
+
+
+@pytest.mark.django_db
+def test_it_filters_by_actor_action_and_object(trail, auditor):
+    client = Client()
+    client.force_login(auditor)
+    html = client.get("/audit/", {"action": "intent.reject", "actor": "approver"}).content.decode()
+    assert "apr_0" in html and "apr_2" in html and "apr_1" not in html
+    html = client.get("/audit/", {"object": "apr_3"}).content.decode()
+    assert "apr_3" in html and "apr_4" not in html
+
+
+@pytest.mark.django_db
+def test_it_pages_by_key_and_renders_the_rows_partial_for_htmx(trail, auditor, monkeypatch):
+    monkeypatch.setattr("console.views.AUDIT_PAGE_SIZE", 2)
+    client = Client()
+    client.force_login(auditor)
+    first = client.get("/audit/", {"action": "intent.approve"}).content.decode()
+    assert "Older events" in first
+    assert "apr_5" in first and "apr_3" in first and "apr_1" not in first
+    cursor = AuditEvent.objects.filter(object_id="apr_3").get()
+    assert f"before={cursor.id}" in first
+    response = client.get(
+        "/audit/", {"action": "intent.approve", "before": cursor.id}, HTTP_HX_REQUEST="true"
+    )
+    body = response.content.decode()
+    assert "<html" not in body
+    assert "apr_1" in body and "apr_3" not in body and "apr_5" not in body
+    assert "Older events" not in body
+
+
+@pytest.mark.django_db
+def test_it_downloads_the_filtered_csv_for_auditors_only(trail, auditor, approver):
+    client = Client()
+    client.force_login(auditor)
+    response = client.get("/audit.csv", {"action": "intent.reject"})
+    assert response.status_code == 200
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert rows[0][:5] == ["id", "time", "actor", "tenant", "action"]
+    assert {r[6] for r in rows[1:]} == {"apr_0", "apr_2", "apr_4", "apr_6"}
+    client.force_login(approver)
+    assert client.get("/audit.csv").status_code == 403
+
+
+@pytest.mark.django_db
+def test_it_shows_strangers_no_events(trail, stranger):
+    client = Client()
+    client.force_login(stranger)
+    html = client.get("/audit/").content.decode()
+    assert "apr_" not in html

@@ -1,0 +1,136 @@
+"""What the engine knows about a provider: its declared contract and three verbs.
+
+The engine never asks "is this provider idempotent?" of a global flag; it reads the adapter's
+`ToolContract`. Adapters do real HTTP and return normalized results; they never touch the
+database (the engine records everything, in its own short transactions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class EffectClass(StrEnum):
+    READ = "read"
+    CREATE_WITH_NATURAL_KEY = "create_with_natural_key"
+    VERSIONED_UPDATE = "versioned_update"
+    IRREVERSIBLE = "irreversible"
+
+
+class LookupMethod(StrEnum):
+    EXTERNAL_ID = "external_id"
+    IDEMPOTENCY_KEY = "idempotency_key"
+    UNIQUE_FIELD = "unique_field"
+
+
+@dataclass(frozen=True)
+class ToolContract:
+    provider: str
+    effect_class: EffectClass
+    synchronous: bool
+    lookup_methods: tuple[LookupMethod, ...]
+    # How long the provider remembers an idempotency key; None: it takes no keys.
+    key_retention: timedelta | None
+    # Re-sending with the same key can never make a second effect (inside key_retention).
+    same_key_retry_safe: bool
+    # An empty search younger than this after the last call is not proof of absence.
+    search_lag: timedelta = timedelta(0)
+    dedup_method: str = ""
+
+    @property
+    def autonomous(self) -> bool:
+        """Without a lookup and without idempotent create, unknowns always go to a person."""
+        return bool(self.lookup_methods) or self.same_key_retry_safe
+
+
+class CallOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    ACCEPTED = "accepted"  # taken by the provider, final result later (webhook / lookup)
+    FAILED = "failed"  # a definitive rejection (4xx validation): the intent cannot run
+    CONFLICT = "conflict"  # versioned update refused: the record changed since the intent
+    UNKNOWN = "unknown"  # timeout, connection lost, 5xx, concurrent same-key request
+
+
+class LookupOutcome(StrEnum):
+    FOUND = "found"  # exactly one effect: `status` says which
+    ABSENT = "absent"  # proven: the provider has no effect for this operation
+    INCONCLUSIVE = "inconclusive"  # lookup failed, several matches, or search lag
+
+
+@dataclass(frozen=True)
+class OperationSnapshot:
+    """What an adapter may know of an operation. Built by the engine from the journal."""
+
+    id: str
+    action: str
+    tenant: str
+    payload: Mapping[str, Any]
+    idempotency_key: str
+    external_id: str = ""
+    last_call_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    outcome: CallOutcome
+    external_id: str = ""
+    provider_request_id: str = ""
+    http_status: int | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    error_class: str = ""
+    error_message: str = ""
+    request_hash: str = ""
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    outcome: LookupOutcome
+    method: LookupMethod | None = None
+    status: CallOutcome | None = None  # of the one match, when FOUND
+    external_id: str = ""
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+    # An inconclusive lookup that may succeed later (search lag, a 5xx): when to try again.
+    retry_after: timedelta | None = None
+    http_status: int | None = None
+    provider_request_id: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WebhookFacts:
+    event_id: str
+    event_type: str
+    operation_id: str = ""
+    external_id: str = ""
+    status: CallOutcome | None = None
+    created_at: datetime | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class WebhookSignatureError(Exception):
+    """The body was not signed by the provider (or the signature is too old)."""
+
+
+class ProviderAdapter(Protocol):
+    contract: ToolContract
+
+    def call(self, op: OperationSnapshot) -> CallResult: ...
+
+    def lookup(self, op: OperationSnapshot) -> LookupResult: ...
+
+
+class WebhookVerifier(Protocol):
+    def parse_webhook(self, *, headers: Mapping[str, str], body: bytes) -> WebhookFacts: ...
+
+
+def request_fingerprint(params: Mapping[str, Any]) -> str:
+    """sha256 of the parameters sent, to prove that a retry sent exactly the same thing."""
+    blob = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()

@@ -158,7 +158,19 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "300")),
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "sweep-operations": {
+        "task": "operations.sweep_operations",
+        "schedule": float(os.environ.get("OPERATION_SWEEP_SECONDS", "5")),
+    },
+}
+
+# The engine's timing. A lease must outlast the provider timeout, or a slow answer would be
+# taken for a dead worker.
+OPERATION_LEASE_SECONDS = int(os.environ.get("OPERATION_LEASE_SECONDS", "30"))
+RECONCILE_DELAY_SECONDS = int(os.environ.get("RECONCILE_DELAY_SECONDS", "5"))
+ACCEPTED_RECONCILE_SECONDS = int(os.environ.get("ACCEPTED_RECONCILE_SECONDS", "120"))
+POLICY_VERSION_OVERRIDES: dict[str, str] = {}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,353 @@
+"""The canonical intent: validation, canonical JSON + hash, masking and diffs for people.
+
+An intent is what a person approves. It is validated strictly (a missing, extra or wrongly
+typed field is refused), it must never carry a card number or a secret (so none reaches the
+journal), and its hash is taken over RFC 8785 canonical JSON so the same intent always hashes
+the same, whatever key order or whitespace it arrived with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import rfc8785
+
+from operations.models import Action
+
+
+class IntentError(ValueError):
+    """The intent is malformed or carries something that must never be journaled."""
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: type | tuple[type, ...]
+    label: str
+    mask: str = ""  # "", "email", "digits", "params"
+    minimum: int | None = None
+
+
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+SCHEMAS: dict[str, tuple[Field, ...]] = {
+    Action.PAYMENTS_CREATE: (
+        Field("invoice_id", str, "Invoice"),
+        Field("beneficiary_id", str, "Beneficiary", mask="digits"),
+        Field("amount_minor", int, "Amount", minimum=1),
+        Field("currency", str, "Currency"),
+    ),
+    Action.CRM_CREATE_DEAL: (
+        Field("name", str, "Deal name"),
+        Field("amount_minor", int, "Amount", minimum=0),
+        Field("currency", str, "Currency"),
+        Field("owner", str, "Owner", mask="email"),
+    ),
+    Action.CRM_UPDATE_DEAL: (
+        Field("target", str, "Deal"),
+        Field("expected_version", int, "Expected version", minimum=0),
+        Field("patch", dict, "Change"),
+    ),
+    Action.MAIL_SEND: (
+        Field("to", str, "Recipient", mask="email"),
+        Field("template", str, "Template"),
+        Field("params", dict, "Template parameters", mask="params"),
+    ),
+}
+
+# Minor-unit exponents (ISO 4217) for the currencies that are not 2.
+_EXPONENT = {
+    "JPY": 0,
+    "KRW": 0,
+    "VND": 0,
+    "CLP": 0,
+    "ISK": 0,
+    "BHD": 3,
+    "KWD": 3,
+    "OMR": 3,
+    "JOD": 3,
+    "TND": 3,
+}
+
+# Names that only ever hold secrets or card data.
+_SECRET_NAMES = re.compile(
+    r"(password|passwd|secret|token|api[_-]?key|card[_-]?number|pan|cvv|cvc|iban_full)$", re.I
+)
+_SECRET_VALUES = (
+    (re.compile(r"\b(sk|rk)_(live|test)_[0-9A-Za-z]{8,}"), "an API secret key"),
+    (re.compile(r"\bwhsec_[0-9A-Za-z]{8,}"), "a webhook secret"),
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
+    (re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]{16,}"), "a bearer token"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), "a JWT"),
+    (re.compile(r"\b(ghp|gho|github_pat)_[A-Za-z0-9_]{20,}"), "an access token"),
+    (re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}"), "an access token"),
+    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "a cloud access key"),
+)
+_CARD_CANDIDATE = re.compile(r"(?<!\d)(?:\d[ -]?){13,19}(?!\d)")
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        n = int(ch)
+        if i % 2 == 1:
+            n *= 2
+            if n > 9:
+                n -= 9
+        total += n
+    return total % 10 == 0
+
+
+def _refuse_secrets(value: Any, path: str) -> None:
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if _SECRET_NAMES.search(str(key)):
+                raise IntentError(f"{path}.{key}: a field named like a secret is not allowed")
+            _refuse_secrets(inner, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            _refuse_secrets(inner, f"{path}[{i}]")
+    elif isinstance(value, str):
+        for match in _CARD_CANDIDATE.finditer(value):
+            digits = re.sub(r"\D", "", match.group())
+            if 13 <= len(digits) <= 19 and _luhn_ok(digits):
+                raise IntentError(
+                    f"{path}: looks like a full card number; intents carry references, "
+                    "never card data"
+                )
+        for pattern, what in _SECRET_VALUES:
+            if pattern.search(value):
+                raise IntentError(f"{path}: looks like {what}; secrets never enter the journal")
+
+
+def _plain_json(value: Any, path: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return
+    if isinstance(value, float):
+        raise IntentError(f"{path}: floats are not allowed; money is integer minor units")
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if not isinstance(key, str):
+                raise IntentError(f"{path}: keys must be strings")
+            _plain_json(inner, f"{path}.{key}")
+        return
+    if isinstance(value, list):
+        for i, inner in enumerate(value):
+            _plain_json(inner, f"{path}[{i}]")
+        return
+    raise IntentError(f"{path}: {type(value).__name__} is not a JSON value")
+
+
+def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
+    """Return the payload if it is a valid intent for `action`, else raise IntentError."""
+    if action not in SCHEMAS:
+        raise IntentError(f"unknown action {action!r}; known: {', '.join(sorted(SCHEMAS))}")
+    if not isinstance(payload, Mapping):
+        raise IntentError("payload must be a JSON object")
+    fields = {f.name: f for f in SCHEMAS[action]}
+    missing = sorted(set(fields) - set(payload))
+    if missing:
+        raise IntentError(f"{action}: missing field(s): {', '.join(missing)}")
+    extra = sorted(set(payload) - set(fields))
+    if extra:
+        raise IntentError(f"{action}: unexpected field(s): {', '.join(extra)}")
+    for name, spec in fields.items():
+        value = payload[name]
+        # bool is an int in Python; an amount of `true` is a mistake, not a number.
+        if isinstance(value, bool) or not isinstance(value, spec.kind):
+            expected = spec.kind.__name__ if isinstance(spec.kind, type) else "value"
+            raise IntentError(f"{action}: {name} must be {_kind_word(expected)}")
+        if isinstance(value, str) and not value.strip():
+            raise IntentError(f"{action}: {name} must not be empty")
+        if spec.minimum is not None and value < spec.minimum:
+            raise IntentError(f"{action}: {name} must be at least {spec.minimum}")
+        _plain_json(value, name)
+    if "currency" in fields and not _CURRENCY.match(payload["currency"]):
+        raise IntentError(f"{action}: currency must be an ISO 4217 code such as KZT or EUR")
+    if action == Action.MAIL_SEND and not _EMAIL.match(payload["to"]):
+        raise IntentError(f"{action}: to must be an email address")
+    if action == Action.CRM_UPDATE_DEAL and not payload["patch"]:
+        raise IntentError(f"{action}: patch must change at least one field")
+    _refuse_secrets(dict(payload), "payload")
+    return dict(payload)
+
+
+def _kind_word(name: str) -> str:
+    return {"int": "an integer", "str": "a string", "dict": "an object"}.get(name, name)
+
+
+def intent_canonical(
+    *, action: str, tenant: str, payload: Mapping[str, Any], policy_version: str
+) -> tuple[str, str]:
+    """Canonical JSON (RFC 8785) of the whole intent, and its `sha256:` hash."""
+    document = {
+        "action": action,
+        "tenant": tenant,
+        "payload": dict(payload),
+        "policy_version": policy_version,
+    }
+    canonical = rfc8785.dumps(document)
+    return canonical.decode(), "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def idempotency_key_for(*, operation_id: str, action: str, run_id: str, command_id: str) -> str:
+    """Derived from the operation, never per attempt: every retry of it sends this key."""
+    raw = f"{run_id or '-'}:{action}:{command_id or '-'}:{operation_id}".encode()
+    return "ik_" + hashlib.sha256(raw).hexdigest()[:40]
+
+
+# --- what a person sees ---------------------------------------------------------------
+
+
+def money_format(amount_minor: int, currency: str) -> str:
+    exponent = _EXPONENT.get(currency.upper(), 2)
+    if exponent == 0:
+        return f"{amount_minor:,} {currency}"
+    major, minor = divmod(abs(amount_minor), 10**exponent)
+    sign = "-" if amount_minor < 0 else ""
+    return f"{sign}{major:,}.{minor:0{exponent}d} {currency}"
+
+
+def mask_email(value: str) -> str:
+    local, _, domain = value.partition("@")
+    if not domain:
+        return mask_text(value)
+    return f"{local[:1]}***@{domain}"
+
+
+def mask_digits(value: str) -> str:
+    """Keep the last four characters of anything holding a long run of digits."""
+    if sum(ch.isdigit() for ch in value) < 6:
+        return value
+    return "••••" + value[-4:]
+
+
+def mask_text(value: str) -> str:
+    if len(value) <= 2:
+        return "***"
+    return value[:1] + "***" + value[-1:]
+
+
+def _mask_value(value: Any, how: str) -> str:
+    if how == "email":
+        return mask_email(str(value)) if _EMAIL.match(str(value)) else mask_text(str(value))
+    if how == "digits":
+        return mask_digits(str(value))
+    if how == "params":
+        if isinstance(value, Mapping):
+            return ", ".join(f"{k}: {_mask_scalar(v)}" for k, v in sorted(value.items()))
+        return mask_text(str(value))
+    return _display(value)
+
+
+def _mask_scalar(value: Any) -> str:
+    if isinstance(value, str):
+        if _EMAIL.match(value):
+            return mask_email(value)
+        if sum(ch.isdigit() for ch in value) >= 6:
+            return mask_digits(value)
+        return mask_text(value)
+    return _display(value)
+
+
+def _display(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} → {_display(v)}" for k, v in sorted(value.items()))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class IntentRow:
+    name: str
+    label: str
+    value: str
+
+
+def intent_rows(
+    *, action: str, payload: Mapping[str, Any], unmasked: bool = False
+) -> list[IntentRow]:
+    """The intent as a person reads it: labelled, money formatted, masked by default."""
+    rows: list[IntentRow] = []
+    for spec in SCHEMAS.get(action, ()):
+        if spec.name not in payload:
+            continue
+        value = payload[spec.name]
+        if spec.name == "currency":
+            continue  # shown with the amount
+        if spec.name == "amount_minor":
+            shown = money_format(value, payload.get("currency", ""))
+        elif unmasked:
+            shown = _display(value)
+        else:
+            shown = _mask_value(value, spec.mask)
+        rows.append(IntentRow(spec.name, spec.label, shown))
+    return rows
+
+
+def intent_summary(*, action: str, payload: Mapping[str, Any]) -> str:
+    """One masked line: 'Pay 12,500.00 KZT to ••••r_77 for invoice inv_9182'."""
+    p = payload
+    if action == Action.PAYMENTS_CREATE:
+        return (
+            f"Pay {money_format(p['amount_minor'], p['currency'])} to "
+            f"{mask_digits(p['beneficiary_id'])} for invoice {p['invoice_id']}"
+        )
+    if action == Action.CRM_CREATE_DEAL:
+        return f"Create deal “{p['name']}” worth {money_format(p['amount_minor'], p['currency'])}"
+    if action == Action.CRM_UPDATE_DEAL:
+        return (
+            f"Change deal {p['target']} (version {p['expected_version']}): {_display(p['patch'])}"
+        )
+    if action == Action.MAIL_SEND:
+        return f"Email “{p['template']}” to {mask_email(p['to'])}"
+    return action
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    label: str
+    old: str
+    new: str
+
+
+def intent_diff(
+    *,
+    action: str,
+    old_payload: Mapping[str, Any],
+    new_payload: Mapping[str, Any],
+    old_policy: str = "",
+    new_policy: str = "",
+    unmasked: bool = False,
+) -> list[DiffRow]:
+    """Field-by-field changes between two intents, masked the same way as the intent."""
+    old_rows = {
+        r.name: r for r in intent_rows(action=action, payload=old_payload, unmasked=unmasked)
+    }
+    new_rows = {
+        r.name: r for r in intent_rows(action=action, payload=new_payload, unmasked=unmasked)
+    }
+    diff = []
+    for spec in SCHEMAS.get(action, ()):
+        if spec.name == "currency":
+            if old_payload.get("currency") != new_payload.get("currency"):
+                diff.append(
+                    DiffRow(
+                        "Currency",
+                        str(old_payload.get("currency")),
+                        str(new_payload.get("currency")),
+                    )
+                )
+            continue
+        if old_payload.get(spec.name) == new_payload.get(spec.name):
+            continue
+        old = old_rows.get(spec.name)
+        new = new_rows.get(spec.name)
+        diff.append(DiffRow(spec.label, old.value if old else "—", new.value if new else "—"))
+    if old_policy != new_policy:
+        diff.append(DiffRow("Policy version", old_policy, new_policy))
+    return diff

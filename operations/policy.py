@@ -1,0 +1,65 @@
+"""The versioned approval policy. Its version is part of every intent's hash.
+
+Bumping a version makes every pending approval under the old one unusable: the engine
+refuses to execute an operation whose policy version is not the current one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+from operations.models import Action
+
+
+@dataclass(frozen=True)
+class Policy:
+    version: str
+    approval_ttl: timedelta
+    requires_approval: Callable[[Mapping[str, Any]], bool]
+    rule: str  # for people: why this needs (or does not need) approval
+
+
+POLICIES: dict[str, Policy] = {
+    Action.PAYMENTS_CREATE: Policy(
+        version="payments-v3",
+        approval_ttl=timedelta(hours=4),
+        requires_approval=lambda payload: True,
+        rule="every payment needs a person's approval",
+    ),
+    Action.CRM_CREATE_DEAL: Policy(
+        version="crm-v2",
+        approval_ttl=timedelta(hours=24),
+        requires_approval=lambda payload: payload.get("amount_minor", 0) >= 5_000_000,
+        rule="deals worth 50,000.00 or more need approval",
+    ),
+    Action.CRM_UPDATE_DEAL: Policy(
+        version="crm-v2",
+        approval_ttl=timedelta(hours=24),
+        requires_approval=lambda payload: True,
+        rule="changing a deal someone else may own needs approval",
+    ),
+    Action.MAIL_SEND: Policy(
+        version="mail-v1",
+        approval_ttl=timedelta(hours=8),
+        requires_approval=lambda payload: payload.get("template") not in {"receipt", "reminder"},
+        rule="emails other than receipts and reminders need approval",
+    ),
+}
+
+
+def policy_for(action: str) -> Policy:
+    policy = POLICIES[action]
+    # Deployments (and tests) roll a policy forward by configuration, without a release.
+    override = getattr(settings, "POLICY_VERSION_OVERRIDES", {}).get(action)
+    if override:
+        return Policy(override, policy.approval_ttl, policy.requires_approval, policy.rule)
+    return policy
+
+
+def policy_version_current(action: str) -> str:
+    return policy_for(action).version

@@ -1,0 +1,41 @@
+"""Celery tasks: each takes an id, calls one service, and is safe to receive twice.
+
+Execute and reconcile use acks_late with reject_on_worker_lost: a worker that dies mid-task
+leaves the message to be redelivered, and the engine's claim and lease make the second
+delivery harmless.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import transaction
+
+from operations import engine
+
+
+@shared_task(name="operations.execute_operation", acks_late=True, reject_on_worker_lost=True)
+def execute_operation(operation_id: str) -> str:
+    return engine.operation_execute(operation_id=operation_id).outcome
+
+
+@shared_task(name="operations.reconcile_operation", acks_late=True, reject_on_worker_lost=True)
+def reconcile_operation(operation_id: str) -> str:
+    report = engine.operation_reconcile(operation_id=operation_id)
+    if report.may_call_again:
+        # Proven absent: the execute path claims it afresh and calls with the same key.
+        execute_operation.delay(operation_id)
+    return report.outcome
+
+
+@shared_task(name="operations.sweep_operations")
+def sweep_operations() -> int:
+    """Beat: expired leases and due re-checks each get one reconcile task."""
+    ids = engine.operations_due_for_reconcile()
+    for operation_id in ids:
+        reconcile_operation.delay(operation_id)
+    return len(ids)
+
+
+def execute_on_commit(operation_id: str) -> None:
+    """Enqueue execution once the transaction that authorized it has committed."""
+    transaction.on_commit(lambda: execute_operation.delay(operation_id))

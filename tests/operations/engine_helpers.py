@@ -1,0 +1,26 @@
+"""Shared builders for engine tests."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from operations.engine import operation_authorize, operation_prepare
+from operations.models import Operation
+
+PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_77", "amount_minor": 1250000,
+           "currency": "KZT"}
+
+
+def prepared_payment(tenant, **overrides) -> Operation:
+    return operation_prepare(tenant=tenant, action="payments.create",
+                             payload={**PAYMENT, **overrides})
+
+
+def authorized_payment(tenant, approver=None, *, minutes: int = 30, **overrides) -> Operation:
+    op = prepared_payment(tenant, **overrides)
+    return operation_authorize(
+        operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=minutes),
+    )

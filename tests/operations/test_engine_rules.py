@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, InternalError, transaction
+from django.utils import timezone
+
+from operations.engine import (
+    AuthorizationRefused,
+    operation_authorize,
+    operation_execute,
+    operation_prepare,
+)
+from operations.intents import IntentError
+from operations.models import Attempt, AuditEvent, Evidence, Operation, OperationStatus, Run
+from tests.operations.engine_helpers import PAYMENT, authorized_payment, prepared_payment
+
+S = OperationStatus
+
+
+@pytest.fixture
+def run(acme):
+    return Run.objects.create(conversation_id="conv_1", tenant=acme, workflow_name="pay_invoices",
+                              workflow_version=7, state_schema_version=4)
+
+
+@pytest.mark.django_db
+def test_it_records_the_intent_with_hash_key_and_policy_before_any_call(acme):
+    op = prepared_payment(acme)
+    assert op.id.startswith("op_") and op.status == S.NOT_STARTED
+    assert op.payload_hash.startswith("sha256:") and op.policy_version == "payments-v3"
+    assert op.idempotency_key.startswith("ik_")
+    assert op.requires_approval and not op.authorized_hash
+    assert op.attempts.count() == 0 and op.provider_calls == 0
+    assert AuditEvent.objects.filter(action="operation.prepare", object_id=op.id).exists()
+
+
+@pytest.mark.django_db
+def test_it_returns_the_same_operation_when_a_resumed_node_prepares_again(acme, run):
+    first = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                              command_id="cmd_pay_03")
+    again = operation_prepare(tenant=acme, action="payments.create", payload=dict(PAYMENT),
+                              run=run, command_id="cmd_pay_03")
+    assert again.id == first.id
+    assert again.idempotency_key == first.idempotency_key
+    with pytest.raises(IntentError, match="must supersede"):
+        operation_prepare(tenant=acme, action="payments.create",
+                          payload={**PAYMENT, "amount_minor": 1350000}, run=run,
+                          command_id="cmd_pay_03")
+
+
+@pytest.mark.django_db
+def test_it_makes_a_changed_intent_a_new_operation_that_supersedes_the_old(acme, run):
+    old = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                            command_id="cmd_pay_03")
+    new = operation_prepare(tenant=acme, action="payments.create",
+                            payload={**PAYMENT, "amount_minor": 1350000}, run=run,
+                            command_id="cmd_pay_03", supersedes=old)
+    old.refresh_from_db()
+    assert new.id != old.id and new.supersedes_id == old.id
+    assert new.payload_hash != old.payload_hash
+    assert new.idempotency_key != old.idempotency_key
+    assert old.status == S.CANCELLED and old.superseded_by == new
+    with pytest.raises(AuthorizationRefused):
+        operation_authorize(operation_id=old.id, approved_hash=old.payload_hash,
+                            policy_version=old.policy_version, approved_by=None,
+                            expires_at=timezone.now() + timedelta(hours=1))
+
+
+@pytest.mark.django_db
+def test_it_refuses_any_update_of_the_intent_in_the_database(acme):
+    op = prepared_payment(acme)
+    for field, value in [("payload", {**PAYMENT, "amount_minor": 1}),
+                         ("payload_hash", "sha256:" + "0" * 64),
+                         ("policy_version", "payments-v4"), ("idempotency_key", "ik_other")]:
+        refused = pytest.raises((IntegrityError, InternalError), match="immutable")
+        with refused, transaction.atomic():
+            Operation.objects.filter(id=op.id).update(**{field: value})
+    with pytest.raises((IntegrityError, InternalError), match="refused"), transaction.atomic():
+        Operation.objects.filter(id=op.id).delete()
+    op.refresh_from_db()
+    assert op.payload == PAYMENT
+
+
+@pytest.mark.django_db
+def test_it_refuses_an_authorization_for_another_hash(acme, approver):
+    op = prepared_payment(acme)
+    with pytest.raises(AuthorizationRefused, match="not this intent"):
+        operation_authorize(operation_id=op.id, approved_hash="sha256:" + "f" * 64,
+                            policy_version=op.policy_version, approved_by=approver,
+                            expires_at=timezone.now() + timedelta(hours=1))
+    op.refresh_from_db()
+    assert op.authorized_hash == ""
+
+
+@pytest.mark.django_db
+def test_it_makes_no_call_without_an_authorization(acme):
+    op = prepared_payment(acme)
+    report = operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "awaiting_authorization"
+    assert op.status == S.NOT_STARTED and op.provider_calls == 0
+    assert not Attempt.objects.filter(operation=op).exists()
+
+
+@pytest.mark.django_db
+def test_it_cancels_instead_of_calling_when_the_authorization_expired(acme, approver):
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1))
+    report = operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "cancelled" and "expired" in report.detail
+    assert op.status == S.CANCELLED and op.provider_calls == 0
+    assert not Attempt.objects.filter(operation=op).exists()
+    assert Evidence.objects.filter(operation=op, to_status=S.CANCELLED).exists()
+
+
+@pytest.mark.django_db
+def test_it_cancels_instead_of_calling_when_the_policy_version_moved_on(acme, approver, settings):
+    op = authorized_payment(acme, approver)
+    settings.POLICY_VERSION_OVERRIDES = {"payments.create": "payments-v4"}
+    report = operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "cancelled" and "payments-v4" in report.detail
+    assert op.status == S.CANCELLED and op.provider_calls == 0
+    assert op.payload_hash == Operation.objects.get(id=op.id).payload_hash
+
+
+@pytest.mark.django_db
+def test_it_lets_the_policy_authorize_what_needs_no_approval(acme):
+    op = operation_prepare(tenant=acme, action="mail.send", payload={
+        "to": "anna@example.com", "template": "receipt", "params": {"invoice": "inv_1"}})
+    assert not op.requires_approval
+    assert op.authorized_hash == op.payload_hash and op.authorized_by is None
+    assert Evidence.objects.filter(operation=op, kind="authorization").exists()

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import pytest
+
+from operations.intents import (
+    IntentError,
+    intent_canonical,
+    intent_diff,
+    intent_rows,
+    intent_summary,
+    intent_validate,
+    mask_email,
+    money_format,
+)
+
+PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_778812345",
+           "amount_minor": 1250000, "currency": "KZT"}
+
+
+def test_it_hashes_the_same_intent_the_same_whatever_the_key_order():
+    reordered = dict(reversed(list(PAYMENT.items())))
+    a = intent_canonical(action="payments.create", tenant="acme", payload=PAYMENT,
+                         policy_version="payments-v3")
+    b = intent_canonical(action="payments.create", tenant="acme", payload=reordered,
+                         policy_version="payments-v3")
+    assert a == b
+    assert a[1].startswith("sha256:") and len(a[1]) == 71
+    assert " " not in a[0] and a[0].index('"action"') < a[0].index('"payload"')
+
+
+@pytest.mark.parametrize("field,value", [("amount_minor", 1250001), ("currency", "EUR"),
+                                         ("beneficiary_id", "vendor_78")])
+def test_it_hashes_any_change_differently(field, value):
+    changed = {**PAYMENT, field: value}
+    base = intent_canonical(action="payments.create", tenant="acme", payload=PAYMENT,
+                            policy_version="payments-v3")[1]
+    other = intent_canonical(action="payments.create", tenant="acme", payload=changed,
+                             policy_version="payments-v3")[1]
+    assert base != other
+
+
+def test_it_binds_the_policy_version_into_the_hash():
+    v3 = intent_canonical(action="payments.create", tenant="acme", payload=PAYMENT,
+                          policy_version="payments-v3")[1]
+    v4 = intent_canonical(action="payments.create", tenant="acme", payload=PAYMENT,
+                          policy_version="payments-v4")[1]
+    assert v3 != v4
+
+
+@pytest.mark.parametrize(
+    "payload,message",
+    [
+        ({k: v for k, v in PAYMENT.items() if k != "currency"}, "missing field"),
+        ({**PAYMENT, "note": "x"}, "unexpected field"),
+        ({**PAYMENT, "amount_minor": "12500"}, "amount_minor must be an integer"),
+        ({**PAYMENT, "amount_minor": 125.5}, "amount_minor must be an integer"),
+        ({**PAYMENT, "amount_minor": True}, "amount_minor must be an integer"),
+        ({**PAYMENT, "amount_minor": 0}, "at least 1"),
+        ({**PAYMENT, "currency": "kzt"}, "ISO 4217"),
+        ({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"}, "card number"),
+        ({**PAYMENT, "invoice_id": "inv for 4242424242424242"}, "card number"),
+        ({**PAYMENT, "invoice_id": "sk_live_abcdefgh12345678"}, "secret key"),
+    ],
+)
+def test_it_refuses_a_bad_payment_intent_with_a_clear_error(payload, message):
+    with pytest.raises(IntentError, match=message):
+        intent_validate(action="payments.create", payload=payload)
+
+
+def test_it_refuses_secrets_nested_in_mail_params():
+    with pytest.raises(IntentError, match="secret"):
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": "offer",
+            "params": {"api_key": "abc"}})
+    with pytest.raises(IntentError, match="unknown action"):
+        intent_validate(action="payments.refund", payload={})
+
+
+def test_it_accepts_long_ids_that_are_not_card_numbers():
+    intent_validate(action="payments.create",
+                    payload={**PAYMENT, "invoice_id": "inv_1234567890123"})
+
+
+def test_it_masks_by_default_and_formats_money():
+    rows = {r.name: r.value for r in intent_rows(action="payments.create", payload=PAYMENT)}
+    assert rows["amount_minor"] == "12,500.00 KZT"
+    assert rows["beneficiary_id"] == "••••2345"
+    assert "vendor_778812345" not in intent_summary(action="payments.create", payload=PAYMENT)
+    unmasked = {r.name: r.value for r in intent_rows(action="payments.create", payload=PAYMENT,
+                                                     unmasked=True)}
+    assert unmasked["beneficiary_id"] == "vendor_778812345"
+    assert mask_email("anna.smith@example.com") == "a***@example.com"
+    assert money_format(500, "JPY") == "500 JPY"
+    assert money_format(1234, "KWD") == "1.234 KWD"
+
+
+def test_it_diffs_field_by_field_masked():
+    new = {**PAYMENT, "amount_minor": 1350000, "beneficiary_id": "vendor_778899999"}
+    diff = intent_diff(action="payments.create", old_payload=PAYMENT, new_payload=new,
+                       old_policy="payments-v3", new_policy="payments-v3")
+    assert [(d.label, d.old, d.new) for d in diff] == [
+        ("Beneficiary", "••••2345", "••••9999"),
+        ("Amount", "12,500.00 KZT", "13,500.00 KZT"),
+    ]

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from console import views
 
@@ -15,3 +16,6 @@ urlpatterns = [
     path("audit.csv", views.audit_csv, name="audit_csv"),
     path("admin/", admin.site.urls),
 ]
+
+if settings.SANDBOX_ENABLED:
+    urlpatterns.append(path("sandbox/", include("operations.sandbox.urls")))

@@ -82,7 +82,8 @@ def test_it_makes_one_payment_when_the_same_key_is_sent_twice(sandbox):
     assert second.external_id == first.external_id
     assert second.request_hash == first.request_hash
     assert PaymentIntent.objects.count() == 1
-    assert sandbox_writes(provider="payments").filter(idempotency_key=op.idempotency_key).count() == 2
+    writes = sandbox_writes(provider="payments").filter(idempotency_key=op.idempotency_key)
+    assert writes.count() == 2
 
 
 def test_it_is_unknown_when_the_same_key_comes_with_other_params(sandbox):

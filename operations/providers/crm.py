@@ -22,8 +22,8 @@ from operations.providers.base import (
     WebhookSignatureError,
     request_fingerprint,
 )
-from operations.providers.http import Answer, call_failure, lookup_failure, send
 from operations.providers.signing import header_get, hmac_signature_verify
+from operations.providers.transport import Answer, call_failure, lookup_failure, send
 
 
 def _base() -> str:

@@ -23,8 +23,8 @@ from operations.providers.base import (
     WebhookSignatureError,
     request_fingerprint,
 )
-from operations.providers.http import call_failure, lookup_failure, send
 from operations.providers.signing import header_get, stripe_signature_verify
+from operations.providers.transport import call_failure, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "succeeded": CallOutcome.SUCCEEDED,

@@ -50,7 +50,7 @@ class SandboxFault(models.Model):
     """A fault to inject; `match` is an operation id or "*" for every request."""
 
     provider = models.CharField(max_length=20, choices=Provider)
-    match = models.CharField(max_length=60, default="*")
+    match = models.CharField(max_length=120, default="*")
     kind = models.CharField(max_length=40, choices=FaultKind)
     # Taken one per matching request; search_lag ignores it and stays on until cleared.
     remaining = models.PositiveIntegerField(default=1)
@@ -70,8 +70,8 @@ class SandboxRequest(models.Model):
     provider = models.CharField(max_length=20, choices=Provider)
     method = models.CharField(max_length=10)
     path = models.CharField(max_length=300)
-    idempotency_key = models.CharField(max_length=120, blank=True)
-    operation_id = models.CharField(max_length=60, blank=True, db_index=True)
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    operation_id = models.CharField(max_length=120, blank=True, db_index=True)
     params_hash = models.CharField(max_length=71, blank=True)
     # Null while the request is still being answered (or was dropped mid-way).
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -131,7 +131,7 @@ class Deal(models.Model):
     version = models.PositiveIntegerField(default=1)
     # Deliberately not unique: a CRM without the constraint can hold duplicates, and the
     # console must be able to show that data incident.
-    agent_operation_id = models.CharField(max_length=60, blank=True, db_index=True)
+    agent_operation_id = models.CharField(max_length=120, blank=True, db_index=True)
     applied_operation_ids = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -148,7 +148,7 @@ class Message(models.Model):
     to = models.CharField(max_length=254)
     template = models.CharField(max_length=100)
     params = models.JSONField(default=dict, blank=True)
-    operation_id = models.CharField(max_length=60, blank=True)
+    operation_id = models.CharField(max_length=120, blank=True)
     # Null when sent without a key; PostgreSQL lets any number of NULLs through the constraint.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
     fingerprint = models.CharField(max_length=71, blank=True)
@@ -168,7 +168,7 @@ class SandboxWebhook(models.Model):
     provider = models.CharField(max_length=20, choices=Provider)
     event_id = models.CharField(max_length=60, unique=True)
     type = models.CharField(max_length=60)
-    operation_id = models.CharField(max_length=60, blank=True)
+    operation_id = models.CharField(max_length=120, blank=True)
     body = models.TextField()
     created_at = models.DateTimeField(auto_now_add=True)
     delivered_at = models.DateTimeField(null=True, blank=True)

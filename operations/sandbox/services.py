@@ -31,6 +31,8 @@ from operations.sandbox.models import (
 # A claim this old whose request never finished belongs to a dead process: take it over,
 # or the key would answer 409 forever.
 IN_FLIGHT_STALE = timedelta(seconds=60)
+# Stripe forgets a key after 24 hours; after that the same key makes a new payment.
+KEY_RETENTION = timedelta(hours=24)
 
 
 class SandboxStateError(Exception):
@@ -302,6 +304,9 @@ def idempotency_claim(
         record = IdempotencyRecord.objects.filter(api_key=api_key, key=key).first()
         if record is None:
             continue  # the other claimant released it a moment ago: claim again
+        if record.response_status is not None and record.created_at < now - KEY_RETENTION:
+            IdempotencyRecord.objects.filter(pk=record.pk, created_at=record.created_at).delete()
+            continue
         if (
             record.response_status is None
             and record.fingerprint == fingerprint

@@ -35,6 +35,11 @@ SEARCH_CLAUSE = re.compile(r"^\s*metadata\['([A-Za-z0-9_]+)'\]\s*:\s*'([^']*)'\s
 METADATA_PARAM = re.compile(r"^metadata\[([A-Za-z0-9_]+)\]$")
 CURRENCY = re.compile(r"^[A-Za-z]{3}$")
 WRITE_METHODS = frozenset({"POST", "PATCH"})
+# The columns' sizes: a longer value is the client's mistake (400), never our crash (500).
+MAX_LENGTHS = {
+    "Idempotency-Key": 255, "metadata": 500, "name": 200, "owner": 150, "to": 254,
+    "template": 100, "agent_operation_id": 120, "operation_id": 120,
+}
 READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
     FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
@@ -83,6 +88,17 @@ def _operation_id(params: Params) -> str:
     return ""
 
 
+def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
+    values = [("Idempotency-Key", request.headers.get("Idempotency-Key", ""))]
+    for name, value in params.items():
+        values.append(("metadata" if METADATA_PARAM.match(name) else name, value))
+    for name, value in values:
+        limit = MAX_LENGTHS.get(name)
+        if limit and isinstance(value, str) and len(value) > limit:
+            return invalid(f"{name} is longer than {limit} characters", param=name)
+    return None
+
+
 def _authorized(request: HttpRequest, provider: str) -> bool:
     expected = f"Bearer {getattr(settings, f'{provider.upper()}_API_KEY')}"
     return hmac.compare_digest(request.headers.get("Authorization", ""), expected)
@@ -97,6 +113,9 @@ def _answer(
                      message="Invalid API key provided")
     if params is None:
         return invalid("The body is not a JSON object", code="parameter_invalid_json")
+    problem = _too_long(request, params)
+    if problem:
+        return problem
     kinds = WRITE_FAULTS if request.method in WRITE_METHODS else READ_FAULTS
     fault = services.sandbox_fault_take(
         provider=provider, kinds=kinds, operation_ids=[operation_id]
@@ -130,9 +149,9 @@ def endpoint(provider: str) -> Callable[[View], View]:
             rid = request_id()
             # Logged before the work, so a request whose answer is dropped is counted too.
             log = SandboxRequest.objects.create(
-                provider=provider, method=request.method or "", path=request.path,
-                idempotency_key=request.headers.get("Idempotency-Key", ""),
-                operation_id=operation_id,
+                provider=provider, method=(request.method or "")[:10], path=request.path[:300],
+                idempotency_key=request.headers.get("Idempotency-Key", "")[:255],
+                operation_id=operation_id[:120],
                 params_hash=request_fingerprint(params) if params is not None else "",
                 request_id=rid,
             )

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -192,3 +193,26 @@ def test_it_keeps_search_lag_on_until_cleared(sandbox):
     assert [intent["metadata"]["operation_id"] for intent in found] == [op.id]
     bad = httpx.get(search, params={"query": "amount>0"}, headers=headers)
     assert bad.status_code == 400 and json.loads(bad.content)["error"]["param"] == "query"
+
+
+def test_it_forgets_a_payment_key_after_24_hours_as_stripe_does(sandbox):
+    op = payment()
+    first = PAYMENTS.call(op)
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+
+    again = PAYMENTS.call(op)
+
+    assert again.outcome is CallOutcome.SUCCEEDED
+    assert again.external_id != first.external_id
+    assert PaymentIntent.objects.count() == 2
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_it_refuses_overlong_values_with_400_not_500(sandbox):
+    result = PAYMENTS.call(payment(idempotency_key="k" * 256))
+
+    assert (result.outcome, result.error_class, result.http_status) == (
+        CallOutcome.FAILED, "validation", 400
+    )
+    assert "Idempotency-Key" in result.error_message
+    assert PaymentIntent.objects.count() == 0

@@ -216,7 +216,7 @@ def operation_prepare(
     with transaction.atomic():
         if run is not None and command_id:
             live = (
-                Operation.objects.select_for_update()
+                Operation.objects.select_for_update(of=("self",))
                 .filter(run=run, command_id=command_id, superseded_by__isnull=True)
                 .exclude(status=S.CANCELLED)
                 .order_by("-id")

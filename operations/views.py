@@ -38,10 +38,15 @@ DETAIL = "operations/detail.html"
 def operation_list(request: HttpRequest) -> HttpResponse:
     slugs = list(tenants_for_user(request.user).values_list("slug", flat=True))
     form = OperationFilterForm(request.GET, tenant_slugs=slugs)
-    before = form.cleaned_data.get("before") if form.is_valid() else None
-    page, next_cursor = keyset_page(
-        operations_journal(request.user, filters=form.filters()), before=before, size=PAGE_SIZE
-    )
+    if form.is_valid():
+        page, next_cursor = keyset_page(
+            operations_journal(request.user, filters=form.filters()),
+            before=form.cleaned_data.get("before"),
+            size=PAGE_SIZE,
+        )
+    else:
+        # A filter the user may not use (another tenant's slug) shows nothing, not everything.
+        page, next_cursor = [], None
     query = request.GET.copy()
     query.pop("before", None)
     context = {

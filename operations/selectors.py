@@ -194,11 +194,12 @@ def operation_timeline(op) -> list[TimelineEntry]:
     """Attempts, evidence, webhook events and audit events of one operation, in time order."""
     from operations.models import AuditEvent
 
-    entries: list[tuple[datetime, int, int, TimelineEntry]] = []
+    # (time, source rank, row id) orders entries written in the same instant stably.
+    keyed: list[tuple[tuple[datetime, int, int], TimelineEntry]] = []
     for attempt in op.attempts.order_by("number"):
-        parts = [f"HTTP {attempt.http_status}" if attempt.http_status else ""]
-        parts += [attempt.external_id, attempt.error_class, attempt.error_message[:200]]
-        entries.append((attempt.started_at, 0, attempt.id, TimelineEntry(
+        http = f"HTTP {attempt.http_status}" if attempt.http_status else ""
+        parts = (http, attempt.external_id, attempt.error_class, attempt.error_message[:200])
+        entry = TimelineEntry(
             at=attempt.started_at,
             kind="attempt",
             title=f"Attempt {attempt.number}: {attempt.get_kind_display().lower()} → "
@@ -206,37 +207,41 @@ def operation_timeline(op) -> list[TimelineEntry]:
             detail=" · ".join(p for p in parts if p),
             actor=attempt.worker,
             status=attempt.outcome,
-        )))
+        )
+        keyed.append(((attempt.started_at, 0, attempt.id), entry))
     for evidence in op.evidence.select_related("actor").order_by("id"):
         moved = (
             f"{evidence.from_status} → {evidence.to_status}"
             if evidence.from_status != evidence.to_status
             else evidence.to_status
         )
-        entries.append((evidence.created_at, 1, evidence.id, TimelineEntry(
+        kind = evidence.get_kind_display()
+        entry = TimelineEntry(
             at=evidence.created_at,
             kind="evidence",
-            title=f"{evidence.get_kind_display()}: {moved}".rstrip(": "),
+            title=f"{kind}: {moved}" if moved else kind,
             detail=evidence.summary,
             actor=evidence.actor.username if evidence.actor else "",
             status=evidence.to_status,
-        )))
+        )
+        keyed.append(((evidence.created_at, 1, evidence.id), entry))
     for event in op.webhooks.order_by("id"):
-        entries.append((event.received_at, 2, event.id, TimelineEntry(
+        entry = TimelineEntry(
             at=event.received_at,
             kind="webhook",
             title=f"Webhook {event.provider} {event.event_type}",
-            detail=f"{event.event_id} · {event.outcome}".rstrip(" ·"),
-        )))
-    for event in AuditEvent.objects.filter(object_type="operation", object_id=op.id).order_by(
-        "id"
-    ):
-        entries.append((event.created_at, 3, event.id, TimelineEntry(
+            detail=" · ".join(p for p in (event.event_id, event.outcome) if p),
+        )
+        keyed.append(((event.received_at, 2, event.id), entry))
+    audit = AuditEvent.objects.filter(object_type="operation", object_id=op.id).order_by("id")
+    for event in audit:
+        entry = TimelineEntry(
             at=event.created_at,
             kind="audit",
             title=f"Audit {event.action}",
             detail=event.reason,
             actor=event.actor_username or "system",
-        )))
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
-    return [entry for *_, entry in entries]
+        )
+        keyed.append(((event.created_at, 3, event.id), entry))
+    keyed.sort(key=lambda pair: pair[0])
+    return [entry for _, entry in keyed]

@@ -149,8 +149,9 @@ def _respond(
         # A form error keeps what was typed: the whole page again, not a redirect.
         superseded_by = Operation.objects.filter(supersedes_id=op.id).only("id").first()
         context = {
-            **_panel_context(request, op, forms={form_key: form}, notice=message,
-                             notice_level="error"),
+            **_panel_context(
+                request, op, forms={form_key: form}, notice=message, notice_level="error"
+            ),
             "intent": intent_rows(action=op.action, payload=op.payload, unmasked=False),
             "unmasked": False,
             "superseded_by": superseded_by,
@@ -165,8 +166,14 @@ def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpRes
     op = operation_for_user(request.user, operation_id, "operate_operations")
     form = ReasonForm(request.POST, prefix="reconcile")
     if not form.is_valid():
-        return _respond(request, op, ok=False, message="Give a reason to reconcile.",
-                        form_key="reconcile", form=form)
+        return _respond(
+            request,
+            op,
+            ok=False,
+            message="Give a reason to reconcile.",
+            form_key="reconcile",
+            form=form,
+        )
     try:
         report = operation_reconcile(
             operation_id=op.id, actor=request.user, reason=form.cleaned_data["reason"]
@@ -175,7 +182,9 @@ def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpRes
         return _respond(request, op, ok=False, message=f"Reconcile refused: {exc}")
     detail = f" ({report.detail})" if report.detail else ""
     return _respond(
-        request, op, ok=True,
+        request,
+        op,
+        ok=True,
         message=f"Reconcile: {report.outcome.replace('_', ' ')}; status {report.status}{detail}.",
     )
 
@@ -185,8 +194,14 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
     op = operation_for_user(request.user, operation_id, "operate_operations")
     form = ResolveForm(request.POST, prefix="resolve")
     if not form.is_valid():
-        return _respond(request, op, ok=False, message="The resolution is incomplete.",
-                        form_key="resolve", form=form)
+        return _respond(
+            request,
+            op,
+            ok=False,
+            message="The resolution is incomplete.",
+            form_key="resolve",
+            form=form,
+        )
     data = form.cleaned_data
     try:
         op = operation_resolve(
@@ -207,8 +222,14 @@ def operation_dispute_view(request: HttpRequest, operation_id: str) -> HttpRespo
     op = operation_for_user(request.user, operation_id, "operate_operations")
     form = ReasonForm(request.POST, prefix="dispute")
     if not form.is_valid():
-        return _respond(request, op, ok=False, message="Give a reason to dispute.",
-                        form_key="dispute", form=form)
+        return _respond(
+            request,
+            op,
+            ok=False,
+            message="Give a reason to dispute.",
+            form_key="dispute",
+            form=form,
+        )
     try:
         op = operation_dispute(
             operation_id=op.id, actor=request.user, reason=form.cleaned_data["reason"]

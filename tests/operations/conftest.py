@@ -26,8 +26,12 @@ def make_unknown(op: Operation, *, ago: timedelta = timedelta(minutes=5)) -> Ope
     """Test-only: put an operation in `unknown` as a lost provider answer would."""
     since = timezone.now() - ago
     Operation.objects.filter(id=op.id).update(
-        status="unknown", unknown_since=since, status_changed_at=since,
-        error_code="timeout", attempt_count=1, provider_calls=1,
+        status="unknown",
+        unknown_since=since,
+        status_changed_at=since,
+        error_code="timeout",
+        attempt_count=1,
+        provider_calls=1,
     )
     op.refresh_from_db()
     return op

@@ -22,8 +22,15 @@ def _run(*args: str) -> str:
 
 @pytest.mark.django_db
 def test_it_prepares_and_prints_only_the_new_operation_id(acme):
-    out = _run("prepare", "--tenant", "acme", "--action", "payments.create",
-               "--payload", json.dumps(PAYMENT))
+    out = _run(
+        "prepare",
+        "--tenant",
+        "acme",
+        "--action",
+        "payments.create",
+        "--payload",
+        json.dumps(PAYMENT),
+    )
     op = Operation.objects.get()
     assert out == f"{op.id}\n"
     assert op.status == "not_started" and op.payload == PAYMENT
@@ -32,10 +39,26 @@ def test_it_prepares_and_prints_only_the_new_operation_id(acme):
 
 @pytest.mark.django_db
 def test_it_prepares_inside_a_run_and_returns_the_same_operation_on_resume(acme):
-    run = Run.objects.create(conversation_id="conv_1", tenant=acme, workflow_name="pay",
-                             workflow_version=1, state_schema_version=1)
-    args = ("prepare", "--tenant", "acme", "--action", "payments.create",
-            "--payload", json.dumps(PAYMENT), "--run", run.id, "--command", "cmd_7")
+    run = Run.objects.create(
+        conversation_id="conv_1",
+        tenant=acme,
+        workflow_name="pay",
+        workflow_version=1,
+        state_schema_version=1,
+    )
+    args = (
+        "prepare",
+        "--tenant",
+        "acme",
+        "--action",
+        "payments.create",
+        "--payload",
+        json.dumps(PAYMENT),
+        "--run",
+        run.id,
+        "--command",
+        "cmd_7",
+    )
     first, again = _run(*args), _run(*args)
     assert first == again
     op = Operation.objects.get()
@@ -51,7 +74,9 @@ def test_it_shows_an_operation_as_json(acme_unknown):
     assert data["payload_hash"] == op.payload_hash
     assert data["idempotency_key"] == op.idempotency_key
     assert (data["tenant"], data["action"], data["external_id"]) == (
-        "acme", "payments.create", "",
+        "acme",
+        "payments.create",
+        "",
     )
     assert data["attempts"] == []
     text = _run("show", op.id)
@@ -62,13 +87,22 @@ def test_it_shows_an_operation_as_json(acme_unknown):
 def test_it_lists_attempts_in_show(acme_payment):
     from operations.models import Attempt
 
-    Attempt.objects.create(operation=acme_payment, number=1, kind="lookup", outcome="absent",
-                           http_status=200, external_id="")
+    Attempt.objects.create(
+        operation=acme_payment,
+        number=1,
+        kind="lookup",
+        outcome="absent",
+        http_status=200,
+        external_id="",
+    )
     data = json.loads(_run("show", acme_payment.id, "--json"))
     assert len(data["attempts"]) == 1
     attempt = data["attempts"][0]
     assert {k: attempt[k] for k in ("number", "kind", "outcome", "http_status")} == {
-        "number": 1, "kind": "lookup", "outcome": "absent", "http_status": 200,
+        "number": 1,
+        "kind": "lookup",
+        "outcome": "absent",
+        "http_status": 200,
     }
     assert attempt["started_at"]
 
@@ -97,9 +131,7 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
     second = make_unknown(payment(acme, invoice_id="inv_u2"))
     lines = _run("list", "--status", "unknown").splitlines()
     assert [line.split("\t")[0] for line in lines] == [second.id, first.id]
-    assert _run("list", "--status", "unknown", "--limit", "1").splitlines()[0].startswith(
-        second.id
-    )
+    assert _run("list", "--status", "unknown", "--limit", "1").splitlines()[0].startswith(second.id)
     assert acme_payment.id not in _run("list", "--status", "unknown")
 
 
@@ -107,17 +139,52 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("prepare", "--tenant", "acme", "--action", "payments.refund", "--payload", "{}"),
-         "unknown action 'payments.refund'"),
-        (("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "{nope"),
-         "--payload is not valid JSON"),
-        (("prepare", "--tenant", "acme", "--action", "payments.create", "--payload",
-          json.dumps({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"})),
-         "looks like a full card number"),
-        (("prepare", "--tenant", "nowhere", "--action", "payments.create", "--payload",
-          json.dumps(PAYMENT)), "no tenant 'nowhere'"),
-        (("prepare", "--tenant", "acme", "--action", "payments.create", "--payload",
-          json.dumps(PAYMENT), "--run", "run_missing"), "no run 'run_missing'"),
+        (
+            ("prepare", "--tenant", "acme", "--action", "payments.refund", "--payload", "{}"),
+            "unknown action 'payments.refund'",
+        ),
+        (
+            ("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "{nope"),
+            "--payload is not valid JSON",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "acme",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"}),
+            ),
+            "looks like a full card number",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "nowhere",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps(PAYMENT),
+            ),
+            "no tenant 'nowhere'",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "acme",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps(PAYMENT),
+                "--run",
+                "run_missing",
+            ),
+            "no run 'run_missing'",
+        ),
         (("show", "op_missing"), "no operation 'op_missing'"),
         (("execute", "op_missing"), "no operation 'op_missing'"),
         (("reconcile", "op_missing"), "no operation 'op_missing'"),
@@ -137,12 +204,23 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
 
     def manage(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "manage.py", "operations", *args], cwd=BASE_DIR, env=env,
-            capture_output=True, text=True, timeout=120,
+            [sys.executable, "manage.py", "operations", *args],
+            cwd=BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
-    ok = manage("prepare", "--tenant", "acme", "--action", "payments.create",
-                "--payload", json.dumps(PAYMENT))
+    ok = manage(
+        "prepare",
+        "--tenant",
+        "acme",
+        "--action",
+        "payments.create",
+        "--payload",
+        json.dumps(PAYMENT),
+    )
     assert ok.returncode == 0, ok.stderr
     op_id = ok.stdout.strip()
     assert Operation.objects.filter(id=op_id).exists()
@@ -150,15 +228,30 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
     assert shown.returncode == 0 and json.loads(shown.stdout)["operation_id"] == op_id
 
     for args, message in [
-        (("prepare", "--tenant", "acme", "--action", "nope.nope", "--payload", "{}"),
-         "unknown action"),
-        (("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "[1,"),
-         "not valid JSON"),
-        (("prepare", "--tenant", "acme", "--action", "payments.create", "--payload",
-          json.dumps({**PAYMENT, "invoice_id": "card 4242424242424242"})),
-         "full card number"),
-        (("prepare", "--tenant", "ghost", "--action", "payments.create", "--payload", "{}"),
-         "no tenant"),
+        (
+            ("prepare", "--tenant", "acme", "--action", "nope.nope", "--payload", "{}"),
+            "unknown action",
+        ),
+        (
+            ("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "[1,"),
+            "not valid JSON",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "acme",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps({**PAYMENT, "invoice_id": "card 4242424242424242"}),
+            ),
+            "full card number",
+        ),
+        (
+            ("prepare", "--tenant", "ghost", "--action", "payments.create", "--payload", "{}"),
+            "no tenant",
+        ),
         (("show", "op_ghost"), "no operation"),
     ]:
         result = manage(*args)

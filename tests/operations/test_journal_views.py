@@ -28,8 +28,9 @@ def journal(acme, globex):
 
 
 @pytest.mark.django_db
-def test_it_lists_only_operations_of_granted_tenants(journal, approver, other_tenant_user,
-                                                     stranger):
+def test_it_lists_only_operations_of_granted_tenants(
+    journal, approver, other_tenant_user, stranger
+):
     acme_id, globex_id = journal["acme"].id, journal["globex"].id
     html = _client(approver).get("/operations/").content.decode()
     assert acme_id in html and globex_id not in html
@@ -42,9 +43,9 @@ def test_it_lists_only_operations_of_granted_tenants(journal, approver, other_te
 
 
 @pytest.mark.django_db
-def test_it_answers_404_on_the_detail_for_other_tenants_and_strangers(journal, approver,
-                                                                      other_tenant_user,
-                                                                      stranger):
+def test_it_answers_404_on_the_detail_for_other_tenants_and_strangers(
+    journal, approver, other_tenant_user, stranger
+):
     url = f"/operations/{journal['acme'].id}/"
     assert _client(approver).get(url).status_code == 200
     assert _client(other_tenant_user).get(url).status_code == 404
@@ -68,7 +69,8 @@ def test_it_filters_by_status_tenant_action_run_and_age(acme, globex, admin_user
     Operation.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=3))
     unknown = make_unknown(payment(acme, invoice_id="inv_unk"))
     mail = operation_prepare(
-        tenant=globex, action="mail.send",
+        tenant=globex,
+        action="mail.send",
         payload={"to": "jane@example.com", "template": "receipt", "params": {}},
     )
     client = _client(admin_user)
@@ -98,13 +100,23 @@ def test_it_filters_by_run_id(acme, approver):
     from operations.models import Run
 
     run = Run.objects.create(
-        conversation_id="conv_1", tenant=acme, workflow_name="pay", workflow_version=1,
+        conversation_id="conv_1",
+        tenant=acme,
+        workflow_name="pay",
+        workflow_version=1,
         state_schema_version=1,
     )
     in_run = operation_prepare(
-        tenant=acme, action="payments.create", run=run, command_id="cmd_1",
-        payload={"invoice_id": "inv_r", "beneficiary_id": "vendor_77", "amount_minor": 5,
-                 "currency": "KZT"},
+        tenant=acme,
+        action="payments.create",
+        run=run,
+        command_id="cmd_1",
+        payload={
+            "invoice_id": "inv_r",
+            "beneficiary_id": "vendor_77",
+            "amount_minor": 5,
+            "currency": "KZT",
+        },
     )
     outside = payment(acme)
     html = _client(approver).get("/operations/", {"run": run.id}).content.decode()
@@ -114,8 +126,7 @@ def test_it_filters_by_run_id(acme, approver):
 
 
 @pytest.mark.django_db
-def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approver,
-                                                                     monkeypatch):
+def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approver, monkeypatch):
     monkeypatch.setattr("operations.views.PAGE_SIZE", 2)
     ops = [payment(acme, invoice_id=f"inv_{i}") for i in range(5)]
     client = _client(approver)
@@ -124,7 +135,8 @@ def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approv
     assert "Older operations" in first
     assert f"before={ops[3].id}" in first
     response = client.get(
-        "/operations/", {"action": "payments.create", "before": ops[3].id},
+        "/operations/",
+        {"action": "payments.create", "before": ops[3].id},
         HTTP_HX_REQUEST="true",
     )
     body = response.content.decode()
@@ -138,8 +150,9 @@ def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approv
 
 
 @pytest.mark.django_db
-def test_it_keeps_the_list_query_count_flat_as_rows_grow(acme, globex, approver,
-                                                         django_assert_max_num_queries):
+def test_it_keeps_the_list_query_count_flat_as_rows_grow(
+    acme, globex, approver, django_assert_max_num_queries
+):
     payment(acme, invoice_id="inv_first")
     client = _client(approver)
     client.get("/operations/")  # warm the session and the content types
@@ -159,9 +172,13 @@ def test_it_keeps_the_list_query_count_flat_as_rows_grow(acme, globex, approver,
 def private_ops(acme):
     pay = payment(acme, beneficiary_id="acct_40817810099910004312")
     mail = operation_prepare(
-        tenant=acme, action="mail.send",
-        payload={"to": "jane.doe@example.com", "template": "receipt",
-                 "params": {"phone": "+77011234567"}},
+        tenant=acme,
+        action="mail.send",
+        payload={
+            "to": "jane.doe@example.com",
+            "template": "receipt",
+            "params": {"phone": "+77011234567"},
+        },
     )
     return pay, mail
 
@@ -191,7 +208,8 @@ def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admi
     assert "jane.doe@example.com" in client.get(f"/operations/{mail.id}/").content.decode()
     events = AuditEvent.objects.filter(action="operation.view_unmasked").order_by("id")
     assert [(e.object_id, e.actor_username, e.tenant.slug) for e in events] == [
-        (pay.id, "admin", "acme"), (mail.id, "admin", "acme"),
+        (pay.id, "admin", "acme"),
+        (mail.id, "admin", "acme"),
     ]
 
 
@@ -199,9 +217,15 @@ def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admi
 def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, approver):
     old = payment(acme, invoice_id="inv_v1")
     new = operation_prepare(
-        tenant=acme, action="payments.create", supersedes=old,
-        payload={"invoice_id": "inv_v1", "beneficiary_id": "vendor_77",
-                 "amount_minor": 1300000, "currency": "KZT"},
+        tenant=acme,
+        action="payments.create",
+        supersedes=old,
+        payload={
+            "invoice_id": "inv_v1",
+            "beneficiary_id": "vendor_77",
+            "amount_minor": 1300000,
+            "currency": "KZT",
+        },
     )
     html = _client(approver).get(f"/operations/{old.id}/").content.decode()
     assert f'href="/operations/{new.id}/"' in html  # superseded by
@@ -218,7 +242,10 @@ def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, op
     newer = make_unknown(payment(acme, invoice_id="inv_newer"), ago=timedelta(minutes=2))
     older = make_unknown(payment(acme, invoice_id="inv_older"), ago=timedelta(hours=2))
     Evidence.objects.create(
-        operation=older, kind=EvidenceKind.LOOKUP, from_status="unknown", to_status="unknown",
+        operation=older,
+        kind=EvidenceKind.LOOKUP,
+        from_status="unknown",
+        to_status="unknown",
         summary="lookup inconclusive: search lag",
     )
     hidden = make_unknown(payment(globex, invoice_id="inv_globex"))

@@ -38,8 +38,9 @@ def _client(user, **kwargs) -> Client:
 
 
 def _audits(op, action: str) -> int:
-    return AuditEvent.objects.filter(object_type="operation", object_id=op.id,
-                                     action=action).count()
+    return AuditEvent.objects.filter(
+        object_type="operation", object_id=op.id, action=action
+    ).count()
 
 
 @pytest.mark.django_db
@@ -56,7 +57,9 @@ def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, 
     assert event.before == {"status": "unknown"} and event.after["status"] == "succeeded"
     evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
     assert (evidence.from_status, evidence.to_status, evidence.actor) == (
-        "unknown", "succeeded", operator,
+        "unknown",
+        "succeeded",
+        operator,
     )
     assert evidence.data["provider_reference"] == "pi_123"
     page = client.get(f"/operations/{op.id}/").content.decode()
@@ -76,13 +79,19 @@ def test_it_resolves_as_failed_with_the_error_recorded(acme_unknown, operator):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
-def test_it_forbids_operator_actions_without_the_operate_permission(acme_unknown, approver,
-                                                                     auditor, path):
+def test_it_forbids_operator_actions_without_the_operate_permission(
+    acme_unknown, approver, auditor, path
+):
     op = acme_unknown
     for user in (approver, auditor):
-        response = _client(user).post(f"/operations/{op.id}/{path}", {
-            **RESOLVE, "dispute-reason": "x", "reconcile-reason": "x",
-        })
+        response = _client(user).post(
+            f"/operations/{op.id}/{path}",
+            {
+                **RESOLVE,
+                "dispute-reason": "x",
+                "reconcile-reason": "x",
+            },
+        )
         assert response.status_code == 403
     op.refresh_from_db()
     assert op.status == "unknown" and not op.resolved_manually
@@ -91,18 +100,25 @@ def test_it_forbids_operator_actions_without_the_operate_permission(acme_unknown
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
-def test_it_hides_other_tenants_operations_behind_404(acme_unknown, other_tenant_user,
-                                                      stranger, path):
+def test_it_hides_other_tenants_operations_behind_404(
+    acme_unknown, other_tenant_user, stranger, path
+):
     op = acme_unknown
     for user in (other_tenant_user, stranger):
-        response = _client(user).post(f"/operations/{op.id}/{path}", {
-            **RESOLVE, "dispute-reason": "x", "reconcile-reason": "x",
-        })
+        response = _client(user).post(
+            f"/operations/{op.id}/{path}",
+            {
+                **RESOLVE,
+                "dispute-reason": "x",
+                "reconcile-reason": "x",
+            },
+        )
         assert response.status_code == 404
     op.refresh_from_db()
     assert op.status == "unknown"
-    assert AuditEvent.objects.filter(object_id=op.id).exclude(
-        action="operation.prepare").count() == 0
+    assert (
+        AuditEvent.objects.filter(object_id=op.id).exclude(action="operation.prepare").count() == 0
+    )
 
 
 @pytest.mark.django_db
@@ -142,18 +158,22 @@ def test_it_requires_a_reason_to_dispute(acme_unknown, operator):
 
 
 @pytest.mark.django_db
-def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unknown,
-                                                                        operator):
+def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unknown, operator):
     op = acme_unknown
     client = _client(operator)
-    response = client.post(f"/operations/{op.id}/dispute",
-                           {"dispute-reason": "customer says they were charged twice"})
+    response = client.post(
+        f"/operations/{op.id}/dispute", {"dispute-reason": "customer says they were charged twice"}
+    )
     assert response.status_code == 302
     op.refresh_from_db()
     assert op.status == "disputed" and op.resolved_manually
     assert _audits(op, "operation.dispute") == 1
-    assert Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL,
-                                   to_status="disputed").count() == 1
+    assert (
+        Evidence.objects.filter(
+            operation=op, kind=EvidenceKind.MANUAL, to_status="disputed"
+        ).count()
+        == 1
+    )
 
     assert client.post(f"/operations/{op.id}/resolve", RESOLVE).status_code == 302
     op.refresh_from_db()
@@ -170,8 +190,9 @@ def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unk
 @pytest.mark.django_db
 def test_it_shows_an_engine_refusal_as_a_message_not_a_500(acme_payment, operator):
     op = acme_payment  # not_started: nothing to dispute
-    response = _client(operator).post(f"/operations/{op.id}/dispute",
-                                      {"dispute-reason": "just because"}, follow=True)
+    response = _client(operator).post(
+        f"/operations/{op.id}/dispute", {"dispute-reason": "just because"}, follow=True
+    )
     assert response.status_code == 200
     assert "Dispute refused" in response.content.decode()
     op.refresh_from_db()
@@ -182,24 +203,30 @@ def test_it_shows_an_engine_refusal_as_a_message_not_a_500(acme_payment, operato
 def test_it_re_renders_the_panel_in_place_for_htmx(acme_unknown, operator):
     op = acme_unknown
     client = _client(operator)
-    response = client.post(f"/operations/{op.id}/dispute",
-                           {"dispute-reason": "on hold for review"}, HTTP_HX_REQUEST="true")
+    response = client.post(
+        f"/operations/{op.id}/dispute",
+        {"dispute-reason": "on hold for review"},
+        HTTP_HX_REQUEST="true",
+    )
     body = response.content.decode()
     assert response.status_code == 200
     assert "<html" not in body
     assert "Marked disputed" in body and "status-disputed" in body
     assert "Resolve as succeeded" in body and "Mark disputed</button>" not in body
-    refused = client.post(f"/operations/{op.id}/dispute", {"dispute-reason": "again"},
-                          HTTP_HX_REQUEST="true")
+    refused = client.post(
+        f"/operations/{op.id}/dispute", {"dispute-reason": "again"}, HTTP_HX_REQUEST="true"
+    )
     assert refused.status_code == 200 and "Dispute refused" in refused.content.decode()
-    invalid = client.post(f"/operations/{op.id}/resolve", {**RESOLVE, "resolve-reason": ""},
-                          HTTP_HX_REQUEST="true")
+    invalid = client.post(
+        f"/operations/{op.id}/resolve", {**RESOLVE, "resolve-reason": ""}, HTTP_HX_REQUEST="true"
+    )
     assert invalid.status_code == 200 and "This field is required." in invalid.content.decode()
 
 
 @pytest.mark.django_db
-def test_it_shows_the_buttons_only_when_useful_and_permitted(acme_unknown, acme_payment,
-                                                            operator, approver):
+def test_it_shows_the_buttons_only_when_useful_and_permitted(
+    acme_unknown, acme_payment, operator, approver
+):
     unknown_page = _client(operator).get(f"/operations/{acme_unknown.id}/").content.decode()
     assert "Reconcile now</button>" in unknown_page
     assert "Resolve as succeeded" in unknown_page and "Mark disputed</button>" in unknown_page
@@ -215,13 +242,15 @@ def test_it_offers_dispute_for_an_expired_lease_only(acme, operator):
 
     op = payment(acme, invoice_id="inv_stuck")
     Operation.objects.filter(id=op.id).update(
-        status="in_progress", lease_owner="w1", lease_expires_at=timezone.now() + timedelta(
-            minutes=5),
+        status="in_progress",
+        lease_owner="w1",
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
     )
     page = _client(operator).get(f"/operations/{op.id}/").content.decode()
     assert "Mark disputed</button>" not in page
-    Operation.objects.filter(id=op.id).update(lease_expires_at=timezone.now() - timedelta(
-        minutes=5))
+    Operation.objects.filter(id=op.id).update(
+        lease_expires_at=timezone.now() - timedelta(minutes=5)
+    )
     page = _client(operator).get(f"/operations/{op.id}/").content.decode()
     assert "Mark disputed</button>" in page and "expired" in page
     _client(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": "worker died"})
@@ -233,8 +262,11 @@ class _InconclusiveAdapter:
     """In-process stand-in for a provider whose search is still lagging; makes no calls."""
 
     contract = ToolContract(
-        provider="fake", effect_class=EffectClass.IRREVERSIBLE, synchronous=True,
-        lookup_methods=(LookupMethod.IDEMPOTENCY_KEY,), key_retention=timedelta(hours=24),
+        provider="fake",
+        effect_class=EffectClass.IRREVERSIBLE,
+        synchronous=True,
+        lookup_methods=(LookupMethod.IDEMPOTENCY_KEY,),
+        key_retention=timedelta(hours=24),
         same_key_retry_safe=True,
     )
 
@@ -242,18 +274,22 @@ class _InconclusiveAdapter:
         raise AssertionError("reconcile must never call the provider")
 
     def lookup(self, op):
-        return LookupResult(outcome=LookupOutcome.INCONCLUSIVE, method=LookupMethod.IDEMPOTENCY_KEY,
-                            reason="search lag")
+        return LookupResult(
+            outcome=LookupOutcome.INCONCLUSIVE,
+            method=LookupMethod.IDEMPOTENCY_KEY,
+            reason="search lag",
+        )
 
 
 @pytest.mark.django_db
-def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operator,
-                                                           monkeypatch):
+def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operator, monkeypatch):
     monkeypatch.setattr("operations.engine._adapter", lambda action: _InconclusiveAdapter())
     op = acme_unknown
-    response = _client(operator).post(f"/operations/{op.id}/reconcile",
-                                      {"reconcile-reason": "customer is asking"},
-                                      HTTP_HX_REQUEST="true")
+    response = _client(operator).post(
+        f"/operations/{op.id}/reconcile",
+        {"reconcile-reason": "customer is asking"},
+        HTTP_HX_REQUEST="true",
+    )
     body = response.content.decode()
     assert response.status_code == 200 and "Reconcile: inconclusive" in body
     op.refresh_from_db()
@@ -267,8 +303,9 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
 
 
 @pytest.mark.django_db
-def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(acme_unknown, operator,
-                                                                     approver):
+def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
+    acme_unknown, operator, approver
+):
     op = operation_dispute(operation_id=acme_unknown.id, actor=operator, reason="hold")
     response = _client(approver).post(f"/operations/{op.id}/resolve", RESOLVE)
     assert response.status_code == 403

@@ -131,9 +131,9 @@ class Command(BaseCommand):
             report = operation_execute(operation_id=op.id)
         except EngineError as exc:
             raise CommandError(f"execute refused: {exc}") from exc
-        self.stdout.write(f"{report.outcome} {report.status}" + (
-            f" ({report.detail})" if report.detail else ""
-        ))
+        self.stdout.write(
+            f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
+        )
 
     def _reconcile(self, options: dict[str, Any]) -> None:
         op = _operation(options["operation_id"])
@@ -141,9 +141,9 @@ class Command(BaseCommand):
             report = operation_reconcile(operation_id=op.id)
         except EngineError as exc:
             raise CommandError(f"reconcile refused: {exc}") from exc
-        self.stdout.write(f"{report.outcome} {report.status}" + (
-            f" ({report.detail})" if report.detail else ""
-        ))
+        self.stdout.write(
+            f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
+        )
 
     def _list(self, options: dict[str, Any]) -> None:
         if options["limit"] < 1:

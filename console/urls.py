@@ -14,6 +14,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("audit/", views.audit_list, name="audit"),
     path("audit.csv", views.audit_csv, name="audit_csv"),
+    path("operations/", include("operations.urls")),
     path("webhooks/", include("operations.webhooks")),
     path("admin/", admin.site.urls),
 ]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import Http404
+from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
 
 from operations.models import AuditEvent, Tenant
@@ -111,3 +114,134 @@ def dashboard_metrics(user) -> dict:
         ).count(),
         "reapprovals": ops.filter(supersedes__isnull=False).count(),
     }
+
+
+# --- the operations journal ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperationFilters:
+    status: str = ""
+    tenant: str = ""  # slug
+    action: str = ""
+    run: str = ""
+    older_than: timedelta | None = None
+
+
+def operations_journal(user, *, filters: OperationFilters):
+    """The journal rows the user may see, newest first (ids are time-sortable)."""
+    qs = operations_for_user(user)
+    if filters.status:
+        qs = qs.filter(status=filters.status)
+    if filters.tenant:
+        qs = qs.filter(tenant__slug=filters.tenant)
+    if filters.action:
+        qs = qs.filter(action=filters.action)
+    if filters.run:
+        qs = qs.filter(run_id=filters.run)
+    if filters.older_than is not None:
+        qs = qs.filter(created_at__lt=timezone.now() - filters.older_than)
+    return qs.select_related("tenant").order_by("-id")
+
+
+def operations_unknown_queue(user, *, limit: int = 100):
+    """The operators' queue: unknown operations, oldest first, with the last evidence."""
+    from operations.models import Evidence, Operation, OperationStatus
+
+    last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
+    return list(
+        Operation.objects.filter(
+            status=OperationStatus.UNKNOWN, tenant__in=tenants_for_user(user)
+        )
+        .select_related("tenant")
+        .annotate(
+            last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),
+            last_evidence_at=Subquery(last_evidence.values("created_at")[:1]),
+        )
+        .order_by("unknown_since", "id")[:limit]
+    )
+
+
+def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
+    """One operation: 404 when its tenant is not visible to the user, 403 without `perm`."""
+    from operations.models import Operation
+
+    op = (
+        Operation.objects.select_related(
+            "tenant", "run", "checkpoint", "supersedes", "authorized_by"
+        )
+        .filter(id=operation_id)
+        .first()
+    )
+    if op is None or not user.has_perm("operations.view_tenant", op.tenant):
+        raise Http404("no such operation")
+    if perm != "view_tenant" and not user.has_perm(f"operations.{perm}", op.tenant):
+        raise PermissionDenied(f"{perm} on {op.tenant.slug} is required")
+    return op
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    at: datetime
+    kind: str  # attempt / evidence / webhook / audit
+    title: str
+    detail: str = ""
+    actor: str = ""
+    status: str = ""
+
+
+def operation_timeline(op) -> list[TimelineEntry]:
+    """Attempts, evidence, webhook events and audit events of one operation, in time order."""
+    from operations.models import AuditEvent
+
+    # (time, source rank, row id) orders entries written in the same instant stably.
+    keyed: list[tuple[tuple[datetime, int, int], TimelineEntry]] = []
+    for attempt in op.attempts.order_by("number"):
+        http = f"HTTP {attempt.http_status}" if attempt.http_status else ""
+        parts = (http, attempt.external_id, attempt.error_class, attempt.error_message[:200])
+        entry = TimelineEntry(
+            at=attempt.started_at,
+            kind="attempt",
+            title=f"Attempt {attempt.number}: {attempt.get_kind_display().lower()} → "
+            f"{attempt.get_outcome_display().lower()}",
+            detail=" · ".join(p for p in parts if p),
+            actor=attempt.worker,
+            status=attempt.outcome,
+        )
+        keyed.append(((attempt.started_at, 0, attempt.id), entry))
+    for evidence in op.evidence.select_related("actor").order_by("id"):
+        moved = (
+            f"{evidence.from_status} → {evidence.to_status}"
+            if evidence.from_status != evidence.to_status
+            else evidence.to_status
+        )
+        kind = evidence.get_kind_display()
+        entry = TimelineEntry(
+            at=evidence.created_at,
+            kind="evidence",
+            title=f"{kind}: {moved}" if moved else kind,
+            detail=evidence.summary,
+            actor=evidence.actor.username if evidence.actor else "",
+            status=evidence.to_status,
+        )
+        keyed.append(((evidence.created_at, 1, evidence.id), entry))
+    for event in op.webhooks.order_by("id"):
+        entry = TimelineEntry(
+            at=event.received_at,
+            kind="webhook",
+            title=f"Webhook {event.provider} {event.event_type}",
+            detail=" · ".join(p for p in (event.event_id, event.outcome) if p),
+        )
+        keyed.append(((event.received_at, 2, event.id), entry))
+    audit = AuditEvent.objects.filter(object_type="operation", object_id=op.id).order_by("id")
+    for event in audit:
+        entry = TimelineEntry(
+            at=event.created_at,
+            kind="audit",
+            title=f"Audit {event.action}",
+            detail=event.reason,
+            actor=event.actor_username or "system",
+        )
+        keyed.append(((event.created_at, 3, event.id), entry))
+    keyed.sort(key=lambda pair: pair[0])
+    return [entry for _, entry in keyed]

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django import forms
+
+from operations.models import Action, OperationStatus
+from operations.selectors import OperationFilters
+
+AGES: dict[str, tuple[str, timedelta]] = {
+    "5m": ("older than 5 minutes", timedelta(minutes=5)),
+    "15m": ("older than 15 minutes", timedelta(minutes=15)),
+    "1h": ("older than 1 hour", timedelta(hours=1)),
+    "6h": ("older than 6 hours", timedelta(hours=6)),
+    "24h": ("older than 24 hours", timedelta(hours=24)),
+    "7d": ("older than 7 days", timedelta(days=7)),
+}
+
+
+class OperationFilterForm(forms.Form):
+    status = forms.ChoiceField(required=False, choices=[("", "any"), *OperationStatus.choices])
+    tenant = forms.ChoiceField(required=False)
+    action = forms.ChoiceField(required=False, choices=[("", "any"), *Action.choices])
+    run = forms.CharField(required=False, max_length=40, label="Run id")
+    age = forms.ChoiceField(
+        required=False, choices=[("", "any age"), *((k, v[0]) for k, v in AGES.items())]
+    )
+    before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput)
+
+    def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Only the user's own tenants can be chosen; any other slug is a form error.
+        self.fields["tenant"].choices = [("", "any"), *((s, s) for s in tenant_slugs)]
+
+    def filters(self) -> OperationFilters:
+        data = self.cleaned_data if self.is_valid() else {}
+        age = data.get("age") or ""
+        return OperationFilters(
+            status=data.get("status") or "",
+            tenant=data.get("tenant") or "",
+            action=data.get("action") or "",
+            run=(data.get("run") or "").strip(),
+            older_than=AGES[age][1] if age else None,
+        )
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why; written to the audit trail.",
+    )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("A reason is required.")
+        return reason
+
+
+class ResolveForm(ReasonForm):
+    outcome = forms.ChoiceField(
+        choices=[
+            (OperationStatus.SUCCEEDED, "Succeeded"),
+            (OperationStatus.FAILED, "Failed"),
+        ]
+    )
+    evidence = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Evidence",
+        help_text="What you verified at the provider, and where.",
+    )
+    provider_reference = forms.CharField(
+        required=False, max_length=120, label="Provider reference (optional)"
+    )
+
+    field_order = ["outcome", "evidence", "provider_reference", "reason"]
+
+    def clean_evidence(self) -> str:
+        evidence = self.cleaned_data["evidence"].strip()
+        if not evidence:
+            raise forms.ValidationError("Evidence is required.")
+        return evidence

@@ -1,0 +1,160 @@
+"""`manage.py operations …`: thin operator wrappers over the engine, for scripts and shells."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
+from operations.intents import IntentError, intent_summary
+from operations.models import Operation, OperationStatus, Run, Tenant
+
+
+def _operation(operation_id: str) -> Operation:
+    op = Operation.objects.select_related("tenant").filter(id=operation_id).first()
+    if op is None:
+        raise CommandError(f"no operation {operation_id!r}")
+    return op
+
+
+def _as_dict(op: Operation) -> dict[str, Any]:
+    return {
+        "operation_id": op.id,
+        "tenant": op.tenant.slug,
+        "action": op.action,
+        "status": op.status,
+        "external_id": op.external_id,
+        "provider_request_id": op.provider_request_id,
+        "payload_hash": op.payload_hash,
+        "idempotency_key": op.idempotency_key,
+        "policy_version": op.policy_version,
+        "run_id": op.run_id,
+        "command_id": op.command_id,
+        "supersedes": op.supersedes_id,
+        "resolved_manually": op.resolved_manually,
+        "error_code": op.error_code,
+        "provider_calls": op.provider_calls,
+        "created_at": op.created_at.isoformat(),
+        "attempts": [
+            {
+                "number": a.number,
+                "kind": a.kind,
+                "outcome": a.outcome,
+                "http_status": a.http_status,
+                "external_id": a.external_id,
+                "started_at": a.started_at.isoformat(),
+            }
+            for a in op.attempts.order_by("number")
+        ],
+    }
+
+
+class Command(BaseCommand):
+    help = "Prepare, show, execute, reconcile and list operations (wrappers over the engine)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+        prepare = sub.add_parser("prepare", help="record a new intent; prints its operation id")
+        prepare.add_argument("--tenant", required=True, help="tenant slug")
+        prepare.add_argument("--action", required=True, help="e.g. payments.create")
+        prepare.add_argument("--payload", required=True, help="the intent as a JSON object")
+        prepare.add_argument("--run", default="", help="run id the intent belongs to")
+        prepare.add_argument("--command", default="", dest="command_id", help="command id")
+
+        show = sub.add_parser("show", help="one operation and its attempts")
+        show.add_argument("operation_id")
+        show.add_argument("--json", action="store_true", help="print JSON")
+
+        execute = sub.add_parser("execute", help="run the approved intent at most once")
+        execute.add_argument("operation_id")
+
+        reconcile = sub.add_parser("reconcile", help="ask the provider what really happened")
+        reconcile.add_argument("operation_id")
+
+        listing = sub.add_parser("list", help="operations in one status, newest first")
+        listing.add_argument("--status", required=True, choices=OperationStatus.values)
+        listing.add_argument("--limit", type=int, default=50)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler = getattr(self, f"_{options['subcommand']}")
+        handler(options)
+
+    def _prepare(self, options: dict[str, Any]) -> None:
+        tenant = Tenant.objects.filter(slug=options["tenant"]).first()
+        if tenant is None:
+            raise CommandError(f"no tenant {options['tenant']!r}")
+        try:
+            payload = json.loads(options["payload"])
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--payload is not valid JSON: {exc}") from exc
+        run = None
+        if options["run"]:
+            run = Run.objects.filter(id=options["run"], tenant=tenant).first()
+            if run is None:
+                raise CommandError(f"no run {options['run']!r} in tenant {tenant.slug}")
+        try:
+            op = operation_prepare(
+                tenant=tenant,
+                action=options["action"],
+                payload=payload,
+                run=run,
+                command_id=options["command_id"],
+            )
+        except IntentError as exc:
+            raise CommandError(f"intent refused: {exc}") from exc
+        self.stdout.write(op.id)
+
+    def _show(self, options: dict[str, Any]) -> None:
+        op = _operation(options["operation_id"])
+        data = _as_dict(op)
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        self.stdout.write(f"{op.id}  {op.status}  {op.tenant.slug}  {op.action}")
+        self.stdout.write(f"  {intent_summary(action=op.action, payload=op.payload)}")
+        for key in ("payload_hash", "idempotency_key", "external_id", "error_code"):
+            if data[key]:
+                self.stdout.write(f"  {key}: {data[key]}")
+        for a in data["attempts"]:
+            self.stdout.write(
+                f"  attempt {a['number']} {a['kind']} {a['outcome']}"
+                f" http={a['http_status'] or '-'} external_id={a['external_id'] or '-'}"
+                f" at {a['started_at']}"
+            )
+
+    def _execute(self, options: dict[str, Any]) -> None:
+        op = _operation(options["operation_id"])
+        try:
+            report = operation_execute(operation_id=op.id)
+        except EngineError as exc:
+            raise CommandError(f"execute refused: {exc}") from exc
+        self.stdout.write(
+            f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
+        )
+
+    def _reconcile(self, options: dict[str, Any]) -> None:
+        op = _operation(options["operation_id"])
+        try:
+            report = operation_reconcile(operation_id=op.id)
+        except EngineError as exc:
+            raise CommandError(f"reconcile refused: {exc}") from exc
+        self.stdout.write(
+            f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
+        )
+
+    def _list(self, options: dict[str, Any]) -> None:
+        if options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        ops = (
+            Operation.objects.filter(status=options["status"])
+            .select_related("tenant")
+            .order_by("-id")[: options["limit"]]
+        )
+        for op in ops:
+            self.stdout.write(
+                f"{op.id}\t{op.status}\t{op.tenant.slug}\t{op.action}\t"
+                f"{op.external_id or '-'}\t{intent_summary(action=op.action, payload=op.payload)}"
+            )

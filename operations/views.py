@@ -1,0 +1,239 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from operations.engine import (
+    EngineError,
+    operation_dispute,
+    operation_reconcile,
+    operation_resolve,
+)
+from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
+from operations.intents import intent_rows, intent_summary
+from operations.models import Operation, OperationStatus
+from operations.selectors import (
+    keyset_page,
+    operation_for_user,
+    operation_timeline,
+    operations_journal,
+    operations_unknown_queue,
+    tenants_for_user,
+)
+from operations.services import audit_event_record
+
+S = OperationStatus
+PAGE_SIZE = 50
+DETAIL = "operations/detail.html"
+
+
+@require_GET
+def operation_list(request: HttpRequest) -> HttpResponse:
+    slugs = list(tenants_for_user(request.user).values_list("slug", flat=True))
+    form = OperationFilterForm(request.GET, tenant_slugs=slugs)
+    if form.is_valid():
+        page, next_cursor = keyset_page(
+            operations_journal(request.user, filters=form.filters()),
+            before=form.cleaned_data.get("before"),
+            size=PAGE_SIZE,
+        )
+    else:
+        # A filter the user may not use (another tenant's slug) shows nothing, not everything.
+        page, next_cursor = [], None
+    query = request.GET.copy()
+    query.pop("before", None)
+    context = {
+        "form": form,
+        "rows": [(op, intent_summary(action=op.action, payload=op.payload)) for op in page],
+        "next_cursor": next_cursor,
+        "query": query.urlencode(),
+        "now": timezone.now(),
+    }
+    template = "operations/list.html#rows" if request.htmx else "operations/list.html"
+    return render(request, template, context)
+
+
+@require_GET
+def operation_unknown(request: HttpRequest) -> HttpResponse:
+    rows = [
+        (op, intent_summary(action=op.action, payload=op.payload))
+        for op in operations_unknown_queue(request.user)
+    ]
+    return render(request, "operations/unknown.html", {"rows": rows})
+
+
+def _lease_expired(op: Operation) -> bool:
+    return (
+        op.status == S.IN_PROGRESS
+        and op.lease_expires_at is not None
+        and op.lease_expires_at <= timezone.now()
+    )
+
+
+def _panel_context(
+    request: HttpRequest,
+    op: Operation,
+    *,
+    forms: dict[str, Any] | None = None,
+    notice: str = "",
+    notice_level: str = "",
+) -> dict[str, Any]:
+    can_operate = request.user.has_perm("operations.operate_operations", op.tenant)
+    stuck = _lease_expired(op)
+    forms = forms or {}
+    return {
+        "op": op,
+        "lease_expired": stuck,
+        "timeline": operation_timeline(op),
+        "can_reconcile": can_operate and (op.status in (S.UNKNOWN, S.ACCEPTED) or stuck),
+        "can_resolve": can_operate and op.status in (S.UNKNOWN, S.ACCEPTED, S.DISPUTED),
+        "can_dispute": can_operate and (op.status in (S.UNKNOWN, S.ACCEPTED) or stuck),
+        "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
+        "resolve_form": forms.get("resolve") or ResolveForm(prefix="resolve"),
+        "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),
+        "notice": notice,
+        "notice_level": notice_level,
+    }
+
+
+@require_GET
+def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
+    op = operation_for_user(request.user, operation_id)
+    unmasked = request.user.has_perm("operations.view_unmasked", op.tenant)
+    if unmasked:
+        audit_event_record(
+            actor=request.user,
+            action="operation.view_unmasked",
+            tenant=op.tenant,
+            object_type="operation",
+            object_id=op.id,
+        )
+    superseded_by = Operation.objects.filter(supersedes_id=op.id).only("id").first()
+    context = {
+        **_panel_context(request, op),
+        "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
+        "unmasked": unmasked,
+        "superseded_by": superseded_by,
+    }
+    return render(request, DETAIL, context)
+
+
+def _respond(
+    request: HttpRequest,
+    op: Operation,
+    *,
+    ok: bool,
+    message: str,
+    form_key: str = "",
+    form: Any = None,
+) -> HttpResponse:
+    """htmx: re-render the status/actions/timeline panel in place; otherwise PRG."""
+    op.refresh_from_db()
+    if request.htmx:
+        context = _panel_context(
+            request,
+            op,
+            forms={form_key: form} if form is not None and not ok else None,
+            notice=message,
+            notice_level="success" if ok else "error",
+        )
+        return render(request, f"{DETAIL}#panel", context)
+    if form is not None and not ok and form.errors:
+        # A form error keeps what was typed: the whole page again, not a redirect.
+        superseded_by = Operation.objects.filter(supersedes_id=op.id).only("id").first()
+        context = {
+            **_panel_context(
+                request, op, forms={form_key: form}, notice=message, notice_level="error"
+            ),
+            "intent": intent_rows(action=op.action, payload=op.payload, unmasked=False),
+            "unmasked": False,
+            "superseded_by": superseded_by,
+        }
+        return render(request, DETAIL, context, status=400)
+    (messages.success if ok else messages.error)(request, message)
+    return redirect(reverse("operations:detail", args=[op.id]))
+
+
+@require_POST
+def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpResponse:
+    op = operation_for_user(request.user, operation_id, "operate_operations")
+    form = ReasonForm(request.POST, prefix="reconcile")
+    if not form.is_valid():
+        return _respond(
+            request,
+            op,
+            ok=False,
+            message="Give a reason to reconcile.",
+            form_key="reconcile",
+            form=form,
+        )
+    try:
+        report = operation_reconcile(
+            operation_id=op.id, actor=request.user, reason=form.cleaned_data["reason"]
+        )
+    except (EngineError, PermissionDenied) as exc:
+        return _respond(request, op, ok=False, message=f"Reconcile refused: {exc}")
+    detail = f" ({report.detail})" if report.detail else ""
+    return _respond(
+        request,
+        op,
+        ok=True,
+        message=f"Reconcile: {report.outcome.replace('_', ' ')}; status {report.status}{detail}.",
+    )
+
+
+@require_POST
+def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpResponse:
+    op = operation_for_user(request.user, operation_id, "operate_operations")
+    form = ResolveForm(request.POST, prefix="resolve")
+    if not form.is_valid():
+        return _respond(
+            request,
+            op,
+            ok=False,
+            message="The resolution is incomplete.",
+            form_key="resolve",
+            form=form,
+        )
+    data = form.cleaned_data
+    try:
+        op = operation_resolve(
+            operation_id=op.id,
+            actor=request.user,
+            outcome=data["outcome"],
+            evidence_text=data["evidence"],
+            reason=data["reason"],
+            provider_reference=data["provider_reference"].strip(),
+        )
+    except (EngineError, PermissionDenied) as exc:
+        return _respond(request, op, ok=False, message=f"Resolve refused: {exc}")
+    return _respond(request, op, ok=True, message=f"Resolved as {op.status}.")
+
+
+@require_POST
+def operation_dispute_view(request: HttpRequest, operation_id: str) -> HttpResponse:
+    op = operation_for_user(request.user, operation_id, "operate_operations")
+    form = ReasonForm(request.POST, prefix="dispute")
+    if not form.is_valid():
+        return _respond(
+            request,
+            op,
+            ok=False,
+            message="Give a reason to dispute.",
+            form_key="dispute",
+            form=form,
+        )
+    try:
+        op = operation_dispute(
+            operation_id=op.id, actor=request.user, reason=form.cleaned_data["reason"]
+        )
+    except (EngineError, PermissionDenied) as exc:
+        return _respond(request, op, ok=False, message=f"Dispute refused: {exc}")
+    return _respond(request, op, ok=True, message="Marked disputed: on hold until resolved.")

@@ -1,0 +1,262 @@
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from operations.models import AuditEvent, Operation, Run
+from tests.conftest import BASE_DIR, database_url
+from tests.operations.conftest import PAYMENT, make_unknown
+
+
+def _run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("operations", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_it_prepares_and_prints_only_the_new_operation_id(acme):
+    out = _run(
+        "prepare",
+        "--tenant",
+        "acme",
+        "--action",
+        "payments.create",
+        "--payload",
+        json.dumps(PAYMENT),
+    )
+    op = Operation.objects.get()
+    assert out == f"{op.id}\n"
+    assert op.status == "not_started" and op.payload == PAYMENT
+    assert AuditEvent.objects.filter(action="operation.prepare", object_id=op.id).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_prepares_inside_a_run_and_returns_the_same_operation_on_resume(acme):
+    run = Run.objects.create(
+        conversation_id="conv_1",
+        tenant=acme,
+        workflow_name="pay",
+        workflow_version=1,
+        state_schema_version=1,
+    )
+    args = (
+        "prepare",
+        "--tenant",
+        "acme",
+        "--action",
+        "payments.create",
+        "--payload",
+        json.dumps(PAYMENT),
+        "--run",
+        run.id,
+        "--command",
+        "cmd_7",
+    )
+    first, again = _run(*args), _run(*args)
+    assert first == again
+    op = Operation.objects.get()
+    assert (op.run_id, op.command_id) == (run.id, "cmd_7")
+
+
+@pytest.mark.django_db
+def test_it_shows_an_operation_as_json(acme_unknown):
+    data = json.loads(_run("show", acme_unknown.id, "--json"))
+    op = acme_unknown
+    assert data["operation_id"] == op.id
+    assert data["status"] == "unknown" and data["error_code"] == "timeout"
+    assert data["payload_hash"] == op.payload_hash
+    assert data["idempotency_key"] == op.idempotency_key
+    assert (data["tenant"], data["action"], data["external_id"]) == (
+        "acme",
+        "payments.create",
+        "",
+    )
+    assert data["attempts"] == []
+    text = _run("show", op.id)
+    assert op.id in text and "unknown" in text and "Pay 12,500.00 KZT" in text
+
+
+@pytest.mark.django_db
+def test_it_lists_attempts_in_show(acme_payment):
+    from operations.models import Attempt
+
+    Attempt.objects.create(
+        operation=acme_payment,
+        number=1,
+        kind="lookup",
+        outcome="absent",
+        http_status=200,
+        external_id="",
+    )
+    data = json.loads(_run("show", acme_payment.id, "--json"))
+    assert len(data["attempts"]) == 1
+    attempt = data["attempts"][0]
+    assert {k: attempt[k] for k in ("number", "kind", "outcome", "http_status")} == {
+        "number": 1,
+        "kind": "lookup",
+        "outcome": "absent",
+        "http_status": 200,
+    }
+    assert attempt["started_at"]
+
+
+@pytest.mark.django_db
+def test_it_executes_only_what_is_authorized(acme_payment):
+    assert acme_payment.requires_approval  # payments always need a person's approval
+    out = _run("execute", acme_payment.id)
+    acme_payment.refresh_from_db()
+    assert out.strip() == "awaiting_authorization not_started"
+    assert acme_payment.provider_calls == 0 and acme_payment.status == "not_started"
+    assert not acme_payment.attempts.exists()
+
+
+@pytest.mark.django_db
+def test_it_reconciles_and_reports_nothing_to_do_for_a_fresh_intent(acme_payment):
+    assert _run("reconcile", acme_payment.id).strip() == "nothing_to_do not_started"
+    assert not acme_payment.attempts.exists()
+
+
+@pytest.mark.django_db
+def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
+    from tests.operations.conftest import payment
+
+    first = make_unknown(payment(acme, invoice_id="inv_u1"))
+    second = make_unknown(payment(acme, invoice_id="inv_u2"))
+    lines = _run("list", "--status", "unknown").splitlines()
+    assert [line.split("\t")[0] for line in lines] == [second.id, first.id]
+    assert _run("list", "--status", "unknown", "--limit", "1").splitlines()[0].startswith(second.id)
+    assert acme_payment.id not in _run("list", "--status", "unknown")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("prepare", "--tenant", "acme", "--action", "payments.refund", "--payload", "{}"),
+            "unknown action 'payments.refund'",
+        ),
+        (
+            ("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "{nope"),
+            "--payload is not valid JSON",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "acme",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"}),
+            ),
+            "looks like a full card number",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "nowhere",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps(PAYMENT),
+            ),
+            "no tenant 'nowhere'",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "acme",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps(PAYMENT),
+                "--run",
+                "run_missing",
+            ),
+            "no run 'run_missing'",
+        ),
+        (("show", "op_missing"), "no operation 'op_missing'"),
+        (("execute", "op_missing"), "no operation 'op_missing'"),
+        (("reconcile", "op_missing"), "no operation 'op_missing'"),
+    ],
+)
+def test_it_refuses_bad_input_with_a_clear_error(acme, args, message):
+    with pytest.raises(CommandError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        _run(*args)
+    assert not Operation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_exits_non_zero_with_one_line_on_stderr(acme):
+    from django.db import connection
+
+    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "DEBUG": "1"}
+
+    def manage(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "manage.py", "operations", *args],
+            cwd=BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    ok = manage(
+        "prepare",
+        "--tenant",
+        "acme",
+        "--action",
+        "payments.create",
+        "--payload",
+        json.dumps(PAYMENT),
+    )
+    assert ok.returncode == 0, ok.stderr
+    op_id = ok.stdout.strip()
+    assert Operation.objects.filter(id=op_id).exists()
+    shown = manage("show", op_id, "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["operation_id"] == op_id
+
+    for args, message in [
+        (
+            ("prepare", "--tenant", "acme", "--action", "nope.nope", "--payload", "{}"),
+            "unknown action",
+        ),
+        (
+            ("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "[1,"),
+            "not valid JSON",
+        ),
+        (
+            (
+                "prepare",
+                "--tenant",
+                "acme",
+                "--action",
+                "payments.create",
+                "--payload",
+                json.dumps({**PAYMENT, "invoice_id": "card 4242424242424242"}),
+            ),
+            "full card number",
+        ),
+        (
+            ("prepare", "--tenant", "ghost", "--action", "payments.create", "--payload", "{}"),
+            "no tenant",
+        ),
+        (("show", "op_ghost"), "no operation"),
+    ]:
+        result = manage(*args)
+        assert result.returncode != 0, args
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert message in lines[0] and "Traceback" not in result.stderr
+    assert Operation.objects.count() == 1

@@ -1,0 +1,267 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from operations.engine import operation_prepare
+from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
+from tests.operations.conftest import make_unknown, payment
+
+
+def _client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def journal(acme, globex):
+    return {
+        "acme": payment(acme, invoice_id="inv_acme"),
+        "globex": payment(globex, invoice_id="inv_globex"),
+    }
+
+
+@pytest.mark.django_db
+def test_it_lists_only_operations_of_granted_tenants(
+    journal, approver, other_tenant_user, stranger
+):
+    acme_id, globex_id = journal["acme"].id, journal["globex"].id
+    html = _client(approver).get("/operations/").content.decode()
+    assert acme_id in html and globex_id not in html
+    assert "Pay 12,500.00 KZT to vendor_77 for invoice inv_acme" in html
+    html = _client(other_tenant_user).get("/operations/").content.decode()
+    assert globex_id in html and acme_id not in html
+    html = _client(stranger).get("/operations/").content.decode()
+    assert acme_id not in html and globex_id not in html
+    assert "No operations match." in html
+
+
+@pytest.mark.django_db
+def test_it_answers_404_on_the_detail_for_other_tenants_and_strangers(
+    journal, approver, other_tenant_user, stranger
+):
+    url = f"/operations/{journal['acme'].id}/"
+    assert _client(approver).get(url).status_code == 200
+    assert _client(other_tenant_user).get(url).status_code == 404
+    assert _client(stranger).get(url).status_code == 404
+    assert _client(approver).get("/operations/op_doesnotexist/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_it_shows_the_operations_link_in_the_navigation(approver):
+    html = _client(approver).get("/").content.decode()
+    assert 'href="/operations/"' in html
+
+
+@pytest.mark.django_db
+def test_it_filters_by_status_tenant_action_run_and_age(acme, globex, admin_user):
+    from console.roles import role_grant
+
+    role_grant(user=admin_user, role="Admin", tenant=globex)
+    fresh = payment(acme, invoice_id="inv_fresh")
+    old = payment(acme, invoice_id="inv_old")
+    Operation.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=3))
+    unknown = make_unknown(payment(acme, invoice_id="inv_unk"))
+    mail = operation_prepare(
+        tenant=globex,
+        action="mail.send",
+        payload={"to": "jane@example.com", "template": "receipt", "params": {}},
+    )
+    client = _client(admin_user)
+
+    def ids(**params) -> set[str]:
+        html = client.get("/operations/", params).content.decode()
+        return {op for op in (fresh.id, old.id, unknown.id, mail.id) if op in html}
+
+    assert ids() == {fresh.id, old.id, unknown.id, mail.id}
+    assert ids(status="unknown") == {unknown.id}
+    assert ids(tenant="globex") == {mail.id}
+    assert ids(action="payments.create") == {fresh.id, old.id, unknown.id}
+    assert ids(age="1h") == {old.id}
+    assert ids(run="run_nothing") == set()
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_tenant_filter_outside_the_users_tenants(journal, approver):
+    response = _client(approver).get("/operations/", {"tenant": "globex"})
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert journal["globex"].id not in html and journal["acme"].id not in html
+
+
+@pytest.mark.django_db
+def test_it_filters_by_run_id(acme, approver):
+    from operations.models import Run
+
+    run = Run.objects.create(
+        conversation_id="conv_1",
+        tenant=acme,
+        workflow_name="pay",
+        workflow_version=1,
+        state_schema_version=1,
+    )
+    in_run = operation_prepare(
+        tenant=acme,
+        action="payments.create",
+        run=run,
+        command_id="cmd_1",
+        payload={
+            "invoice_id": "inv_r",
+            "beneficiary_id": "vendor_77",
+            "amount_minor": 5,
+            "currency": "KZT",
+        },
+    )
+    outside = payment(acme)
+    html = _client(approver).get("/operations/", {"run": run.id}).content.decode()
+    assert in_run.id in html and outside.id not in html
+    detail = _client(approver).get(f"/operations/{in_run.id}/").content.decode()
+    assert f"/operations/?run={run.id}" in detail and "cmd_1" in detail
+
+
+@pytest.mark.django_db
+def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approver, monkeypatch):
+    monkeypatch.setattr("operations.views.PAGE_SIZE", 2)
+    ops = [payment(acme, invoice_id=f"inv_{i}") for i in range(5)]
+    client = _client(approver)
+    first = client.get("/operations/", {"action": "payments.create"}).content.decode()
+    assert ops[4].id in first and ops[3].id in first and ops[2].id not in first
+    assert "Older operations" in first
+    assert f"before={ops[3].id}" in first
+    response = client.get(
+        "/operations/",
+        {"action": "payments.create", "before": ops[3].id},
+        HTTP_HX_REQUEST="true",
+    )
+    body = response.content.decode()
+    assert "<html" not in body and "<form" not in body
+    assert ops[2].id in body and ops[1].id in body
+    assert ops[3].id not in body and ops[0].id not in body
+    last = client.get(
+        "/operations/", {"before": ops[1].id}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert ops[0].id in last and "Older operations" not in last
+
+
+@pytest.mark.django_db
+def test_it_keeps_the_list_query_count_flat_as_rows_grow(
+    acme, globex, approver, django_assert_max_num_queries
+):
+    payment(acme, invoice_id="inv_first")
+    client = _client(approver)
+    client.get("/operations/")  # warm the session and the content types
+    with CaptureQueriesContext(connection) as few:
+        client.get("/operations/")
+    for i in range(15):
+        payment(acme, invoice_id=f"inv_more_{i}")
+        payment(globex, invoice_id=f"inv_g_{i}")
+    with django_assert_max_num_queries(len(few)):
+        html = client.get("/operations/").content.decode()
+    assert html.count("/operations/op_") == 16
+    sql = " ".join(q["sql"] for q in few.captured_queries).upper()
+    assert "OFFSET" not in sql and "COUNT(" not in sql
+
+
+@pytest.fixture
+def private_ops(acme):
+    pay = payment(acme, beneficiary_id="acct_40817810099910004312")
+    mail = operation_prepare(
+        tenant=acme,
+        action="mail.send",
+        payload={
+            "to": "jane.doe@example.com",
+            "template": "receipt",
+            "params": {"phone": "+77011234567"},
+        },
+    )
+    return pay, mail
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("who", ["approver", "operator"])
+def test_it_masks_the_beneficiary_and_email_on_the_detail(private_ops, who, request):
+    user = request.getfixturevalue(who)
+    pay, mail = private_ops
+    client = _client(user)
+    html = client.get(f"/operations/{pay.id}/").content.decode()
+    assert "40817810099910004312" not in html and "••••4312" in html
+    assert pay.payload_hash in html and pay.idempotency_key in html
+    html = client.get(f"/operations/{mail.id}/").content.decode()
+    assert "jane.doe@example.com" not in html and "j***@example.com" in html
+    assert "77011234567" not in html
+    listing = client.get("/operations/").content.decode()
+    assert "40817810099910004312" not in listing and "jane.doe@example.com" not in listing
+    assert not AuditEvent.objects.filter(action="operation.view_unmasked").exists()
+
+
+@pytest.mark.django_db
+def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admin_user):
+    pay, mail = private_ops
+    client = _client(admin_user)
+    assert "40817810099910004312" in client.get(f"/operations/{pay.id}/").content.decode()
+    assert "jane.doe@example.com" in client.get(f"/operations/{mail.id}/").content.decode()
+    events = AuditEvent.objects.filter(action="operation.view_unmasked").order_by("id")
+    assert [(e.object_id, e.actor_username, e.tenant.slug) for e in events] == [
+        (pay.id, "admin", "acme"),
+        (mail.id, "admin", "acme"),
+    ]
+
+
+@pytest.mark.django_db
+def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, approver):
+    old = payment(acme, invoice_id="inv_v1")
+    new = operation_prepare(
+        tenant=acme,
+        action="payments.create",
+        supersedes=old,
+        payload={
+            "invoice_id": "inv_v1",
+            "beneficiary_id": "vendor_77",
+            "amount_minor": 1300000,
+            "currency": "KZT",
+        },
+    )
+    html = _client(approver).get(f"/operations/{old.id}/").content.decode()
+    assert f'href="/operations/{new.id}/"' in html  # superseded by
+    assert "Audit operation.prepare" in html
+    assert f"superseded by {new.id}" in html
+    assert html.index("Audit operation.prepare") < html.index(f"superseded by {new.id}")
+    html = _client(approver).get(f"/operations/{new.id}/").content.decode()
+    assert f'href="/operations/{old.id}/"' in html  # supersedes
+    assert Evidence.objects.filter(operation=old, kind=EvidenceKind.TRANSITION).exists()
+
+
+@pytest.mark.django_db
+def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, operator):
+    newer = make_unknown(payment(acme, invoice_id="inv_newer"), ago=timedelta(minutes=2))
+    older = make_unknown(payment(acme, invoice_id="inv_older"), ago=timedelta(hours=2))
+    Evidence.objects.create(
+        operation=older,
+        kind=EvidenceKind.LOOKUP,
+        from_status="unknown",
+        to_status="unknown",
+        summary="lookup inconclusive: search lag",
+    )
+    hidden = make_unknown(payment(globex, invoice_id="inv_globex"))
+    settled = payment(acme, invoice_id="inv_settled")
+    html = _client(operator).get("/operations/unknown/").content.decode()
+    assert html.index(older.id) < html.index(newer.id)
+    assert "lookup inconclusive: search lag" in html
+    assert "2\xa0hours" in html
+    assert hidden.id not in html and settled.id not in html
+    listing = _client(operator).get("/operations/").content.decode()
+    assert 'href="/operations/unknown/"' in listing
+
+
+@pytest.mark.django_db
+def test_it_links_the_dashboard_numbers_to_the_filtered_journal(acme_unknown, operator):
+    html = _client(operator).get("/").content.decode()
+    assert 'href="/operations/unknown/"' in html
+    assert 'href="/operations/?status=unknown"' in html
+    assert 'href="/operations/?status=succeeded"' in html

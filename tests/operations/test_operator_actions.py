@@ -1,0 +1,313 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from operations.engine import operation_dispute
+from operations.models import (
+    Attempt,
+    AttemptKind,
+    AuditEvent,
+    Evidence,
+    EvidenceKind,
+    Operation,
+)
+from operations.providers.base import (
+    EffectClass,
+    LookupMethod,
+    LookupOutcome,
+    LookupResult,
+    ToolContract,
+)
+
+RESOLVE = {
+    "resolve-outcome": "succeeded",
+    "resolve-evidence": "pi_123 seen as succeeded in the provider dashboard",
+    "resolve-provider_reference": "pi_123",
+    "resolve-reason": "customer confirmed the transfer",
+}
+
+
+def _client(user, **kwargs) -> Client:
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
+def _audits(op, action: str) -> int:
+    return AuditEvent.objects.filter(
+        object_type="operation", object_id=op.id, action=action
+    ).count()
+
+
+@pytest.mark.django_db
+def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, operator):
+    op = acme_unknown
+    client = _client(operator)
+    response = client.post(f"/operations/{op.id}/resolve", RESOLVE)
+    assert response.status_code == 302 and response["Location"] == f"/operations/{op.id}/"
+    op.refresh_from_db()
+    assert op.status == "succeeded" and op.resolved_manually and op.external_id == "pi_123"
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
+    assert event.actor_username == "operator"
+    assert event.reason == "customer confirmed the transfer"
+    assert event.before == {"status": "unknown"} and event.after["status"] == "succeeded"
+    evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
+    assert (evidence.from_status, evidence.to_status, evidence.actor) == (
+        "unknown",
+        "succeeded",
+        operator,
+    )
+    assert evidence.data["provider_reference"] == "pi_123"
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    assert "Resolved as succeeded." in page
+    assert "Audit operation.resolve_succeeded" in page
+
+
+@pytest.mark.django_db
+def test_it_resolves_as_failed_with_the_error_recorded(acme_unknown, operator):
+    op = acme_unknown
+    data = {**RESOLVE, "resolve-outcome": "failed", "resolve-provider_reference": ""}
+    _client(operator).post(f"/operations/{op.id}/resolve", data)
+    op.refresh_from_db()
+    assert op.status == "failed" and op.error_code == "resolved_failed"
+    assert _audits(op, "operation.resolve_failed") == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
+def test_it_forbids_operator_actions_without_the_operate_permission(
+    acme_unknown, approver, auditor, path
+):
+    op = acme_unknown
+    for user in (approver, auditor):
+        response = _client(user).post(
+            f"/operations/{op.id}/{path}",
+            {
+                **RESOLVE,
+                "dispute-reason": "x",
+                "reconcile-reason": "x",
+            },
+        )
+        assert response.status_code == 403
+    op.refresh_from_db()
+    assert op.status == "unknown" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
+def test_it_hides_other_tenants_operations_behind_404(
+    acme_unknown, other_tenant_user, stranger, path
+):
+    op = acme_unknown
+    for user in (other_tenant_user, stranger):
+        response = _client(user).post(
+            f"/operations/{op.id}/{path}",
+            {
+                **RESOLVE,
+                "dispute-reason": "x",
+                "reconcile-reason": "x",
+            },
+        )
+        assert response.status_code == 404
+    op.refresh_from_db()
+    assert op.status == "unknown"
+    assert (
+        AuditEvent.objects.filter(object_id=op.id).exclude(action="operation.prepare").count() == 0
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
+def test_it_refuses_get_on_action_urls(acme_unknown, operator, path):
+    assert _client(operator).get(f"/operations/{acme_unknown.id}/{path}").status_code == 405
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_post_without_csrf_token(acme_unknown, operator):
+    client = _client(operator, enforce_csrf_checks=True)
+    response = client.post(f"/operations/{acme_unknown.id}/resolve", RESOLVE)
+    assert response.status_code == 403
+    acme_unknown.refresh_from_db()
+    assert acme_unknown.status == "unknown"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("missing", ["resolve-reason", "resolve-evidence"])
+def test_it_requires_a_reason_and_evidence_to_resolve(acme_unknown, operator, missing):
+    op = acme_unknown
+    response = _client(operator).post(f"/operations/{op.id}/resolve", {**RESOLVE, missing: " "})
+    assert response.status_code == 400
+    assert "This field is required." in response.content.decode()
+    op.refresh_from_db()
+    assert op.status == "unknown" and not op.resolved_manually
+    assert _audits(op, "operation.resolve_succeeded") == 0
+
+
+@pytest.mark.django_db
+def test_it_requires_a_reason_to_dispute(acme_unknown, operator):
+    op = acme_unknown
+    response = _client(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": ""})
+    assert response.status_code == 400
+    op.refresh_from_db()
+    assert op.status == "unknown" and _audits(op, "operation.dispute") == 0
+
+
+@pytest.mark.django_db
+def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unknown, operator):
+    op = acme_unknown
+    client = _client(operator)
+    response = client.post(
+        f"/operations/{op.id}/dispute", {"dispute-reason": "customer says they were charged twice"}
+    )
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert op.status == "disputed" and op.resolved_manually
+    assert _audits(op, "operation.dispute") == 1
+    assert (
+        Evidence.objects.filter(
+            operation=op, kind=EvidenceKind.MANUAL, to_status="disputed"
+        ).count()
+        == 1
+    )
+
+    assert client.post(f"/operations/{op.id}/resolve", RESOLVE).status_code == 302
+    op.refresh_from_db()
+    assert op.status == "succeeded"
+    second = client.post(f"/operations/{op.id}/resolve", RESOLVE, follow=True)
+    assert second.status_code == 200
+    assert "Resolve refused" in second.content.decode()
+    op.refresh_from_db()
+    assert op.status == "succeeded"
+    assert _audits(op, "operation.resolve_succeeded") == 1
+    assert Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).count() == 2
+
+
+@pytest.mark.django_db
+def test_it_shows_an_engine_refusal_as_a_message_not_a_500(acme_payment, operator):
+    op = acme_payment  # not_started: nothing to dispute
+    response = _client(operator).post(
+        f"/operations/{op.id}/dispute", {"dispute-reason": "just because"}, follow=True
+    )
+    assert response.status_code == 200
+    assert "Dispute refused" in response.content.decode()
+    op.refresh_from_db()
+    assert op.status == "not_started" and _audits(op, "operation.dispute") == 0
+
+
+@pytest.mark.django_db
+def test_it_re_renders_the_panel_in_place_for_htmx(acme_unknown, operator):
+    op = acme_unknown
+    client = _client(operator)
+    response = client.post(
+        f"/operations/{op.id}/dispute",
+        {"dispute-reason": "on hold for review"},
+        HTTP_HX_REQUEST="true",
+    )
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in body
+    assert "Marked disputed" in body and "status-disputed" in body
+    assert "Resolve as succeeded" in body and "Mark disputed</button>" not in body
+    refused = client.post(
+        f"/operations/{op.id}/dispute", {"dispute-reason": "again"}, HTTP_HX_REQUEST="true"
+    )
+    assert refused.status_code == 200 and "Dispute refused" in refused.content.decode()
+    invalid = client.post(
+        f"/operations/{op.id}/resolve", {**RESOLVE, "resolve-reason": ""}, HTTP_HX_REQUEST="true"
+    )
+    assert invalid.status_code == 200 and "This field is required." in invalid.content.decode()
+
+
+@pytest.mark.django_db
+def test_it_shows_the_buttons_only_when_useful_and_permitted(
+    acme_unknown, acme_payment, operator, approver
+):
+    unknown_page = _client(operator).get(f"/operations/{acme_unknown.id}/").content.decode()
+    assert "Reconcile now</button>" in unknown_page
+    assert "Resolve as succeeded" in unknown_page and "Mark disputed</button>" in unknown_page
+    fresh_page = _client(operator).get(f"/operations/{acme_payment.id}/").content.decode()
+    assert "Reconcile now" not in fresh_page and "Resolve as" not in fresh_page
+    approver_page = _client(approver).get(f"/operations/{acme_unknown.id}/").content.decode()
+    assert "Reconcile now" not in approver_page and "Resolve as" not in approver_page
+
+
+@pytest.mark.django_db
+def test_it_offers_dispute_for_an_expired_lease_only(acme, operator):
+    from tests.operations.conftest import payment
+
+    op = payment(acme, invoice_id="inv_stuck")
+    Operation.objects.filter(id=op.id).update(
+        status="in_progress",
+        lease_owner="w1",
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
+    )
+    page = _client(operator).get(f"/operations/{op.id}/").content.decode()
+    assert "Mark disputed</button>" not in page
+    Operation.objects.filter(id=op.id).update(
+        lease_expires_at=timezone.now() - timedelta(minutes=5)
+    )
+    page = _client(operator).get(f"/operations/{op.id}/").content.decode()
+    assert "Mark disputed</button>" in page and "expired" in page
+    _client(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": "worker died"})
+    op.refresh_from_db()
+    assert op.status == "disputed" and op.lease_expires_at is None
+
+
+class _InconclusiveAdapter:
+    """In-process stand-in for a provider whose search is still lagging; makes no calls."""
+
+    contract = ToolContract(
+        provider="fake",
+        effect_class=EffectClass.IRREVERSIBLE,
+        synchronous=True,
+        lookup_methods=(LookupMethod.IDEMPOTENCY_KEY,),
+        key_retention=timedelta(hours=24),
+        same_key_retry_safe=True,
+    )
+
+    def call(self, op):
+        raise AssertionError("reconcile must never call the provider")
+
+    def lookup(self, op):
+        return LookupResult(
+            outcome=LookupOutcome.INCONCLUSIVE,
+            method=LookupMethod.IDEMPOTENCY_KEY,
+            reason="search lag",
+        )
+
+
+@pytest.mark.django_db
+def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operator, monkeypatch):
+    monkeypatch.setattr("operations.engine._adapter", lambda action: _InconclusiveAdapter())
+    op = acme_unknown
+    response = _client(operator).post(
+        f"/operations/{op.id}/reconcile",
+        {"reconcile-reason": "customer is asking"},
+        HTTP_HX_REQUEST="true",
+    )
+    body = response.content.decode()
+    assert response.status_code == 200 and "Reconcile: inconclusive" in body
+    op.refresh_from_db()
+    assert op.status == "unknown" and op.payload_hash == acme_unknown.payload_hash
+    assert Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).count() == 1
+    assert not Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).exists()
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
+    assert event.reason == "customer is asking" and event.actor_username == "operator"
+    assert Evidence.objects.filter(operation=op, kind=EvidenceKind.LOOKUP).count() == 1
+    assert "Attempt 1: provider lookup" in body
+
+
+@pytest.mark.django_db
+def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
+    acme_unknown, operator, approver
+):
+    op = operation_dispute(operation_id=acme_unknown.id, actor=operator, reason="hold")
+    response = _client(approver).post(f"/operations/{op.id}/resolve", RESOLVE)
+    assert response.status_code == 403
+    op.refresh_from_db()
+    assert op.status == "disputed"

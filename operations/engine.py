@@ -85,12 +85,19 @@ def _adapter(action: str) -> ProviderAdapter:
 
 
 def _snapshot(op: Operation) -> OperationSnapshot:
-    last_call = (
+    call = (
         op.attempts.filter(kind=AttemptKind.CALL)
         .order_by("-number")
-        .values_list("started_at", flat=True)
+        .values("started_at", "finished_at")
         .first()
     )
+    last_call = None
+    if call is not None:
+        # The provider may act at any moment until the answer arrives; an unanswered call
+        # may have acted until at least the client's timeout.
+        last_call = call["finished_at"] or call["started_at"] + timedelta(
+            seconds=float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
+        )
     return OperationSnapshot(
         id=op.id,
         action=op.action,

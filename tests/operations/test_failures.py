@@ -1,0 +1,335 @@
+"""The failure cases of the design brief, broken on purpose against the real stack:
+PostgreSQL, Redis, Celery worker processes, and the sandbox providers over real HTTP.
+
+Every test counts what reached the provider (POSTs, their keys and parameters) and how many
+external objects exist, not only the final status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from operations import engine
+from operations.models import Attempt, AttemptKind, Operation, OperationStatus, WebhookEvent
+from operations.sandbox.models import Deal, PaymentIntent
+from operations.sandbox.services import sandbox_counts, sandbox_fault_set, sandbox_writes
+from operations.tasks import execute_operation, sweep_operations
+from tests.operations.engine_helpers import authorized_payment
+
+S = OperationStatus
+
+
+def wait_for(predicate, *, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        connection.close()  # see other processes' commits, not a stale snapshot
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def providers(live_server, settings):
+    """Point this process's adapters at the sandbox served by the live server."""
+    base = f"{live_server.url}/sandbox"
+    settings.PAYMENTS_API_BASE = f"{base}/payments"
+    settings.CRM_API_BASE = f"{base}/crm"
+    settings.MAIL_API_BASE = f"{base}/mail"
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
+    return {
+        "PAYMENTS_API_BASE": f"{base}/payments",
+        "CRM_API_BASE": f"{base}/crm",
+        "MAIL_API_BASE": f"{base}/mail",
+        "PAYMENTS_SEARCH_LAG_SECONDS": "0",
+    }
+
+
+def payment_posts(op: Operation):
+    return sandbox_writes(provider="payments", operation_id=op.id)
+
+
+@pytest.mark.worker
+def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
+    acme, approver, providers, worker_pool
+):
+    op = authorized_payment(acme, approver)
+    # The sandbox commits the payment, then holds its answer far past any timeout.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=8)
+    worker_pool.start(concurrency=1, extra_env={
+        **providers, "PROVIDER_TIMEOUT_SECONDS": "30", "OPERATION_LEASE_SECONDS": "2",
+        "CELERY_VISIBILITY_TIMEOUT": "4",
+    })
+    execute_operation.apply_async(args=[op.id], queue=worker_pool.queue)
+    wait_for(lambda: PaymentIntent.objects.filter(
+        metadata__operation_id=op.id).exists(), what="the sandbox to commit the payment")
+    # The provider has committed; the worker is waiting for an answer. Kill it outright.
+    for proc in worker_pool.procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    worker_pool.procs.clear()
+    op.refresh_from_db()
+    assert op.status == S.IN_PROGRESS and op.external_id == ""
+
+    # A new worker: the sweep turns the expired lease into `unknown` and reconciles; the
+    # redelivered execute (acks_late) finds nothing left to do.
+    worker_pool.start(concurrency=2, extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "2",
+                                                 "OPERATION_LEASE_SECONDS": "2",
+                                                 "CELERY_VISIBILITY_TIMEOUT": "4"})
+    time.sleep(2.5)  # past the lease
+    sweep_operations.apply_async(queue=worker_pool.queue).get(timeout=20)
+    wait_for(lambda: Operation.objects.get(id=op.id).status == S.SUCCEEDED, timeout=40,
+             what="reconciliation to find the payment")
+    time.sleep(5)  # give the redelivered execute its chance to do something wrong
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get(metadata__operation_id=op.id)
+    assert PaymentIntent.objects.count() == 1
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    posts = list(payment_posts(op))
+    assert len(posts) == 1, "no POST may follow a lookup that found the payment"
+    assert {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert op.attempts.filter(kind=AttemptKind.CALL).count() == 1
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="found").exists()
+    assert op.evidence.filter(kind="lookup", to_status=S.SUCCEEDED).exists()
+
+
+@pytest.mark.worker
+def test_it_makes_one_call_when_eight_workers_receive_the_same_execute(
+    acme, approver, providers, worker_pool
+):
+    op = authorized_payment(acme, approver)
+    # Slow the provider so all eight deliveries arrive while the first call is in flight.
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
+    worker_pool.start(concurrency=8, extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "10"})
+    results = [execute_operation.apply_async(args=[op.id], queue=worker_pool.queue)
+               for _ in range(8)]
+    outcomes = sorted(r.get(timeout=60) for r in results)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert outcomes.count("called") == 1, outcomes
+    assert len(payment_posts(op)) == 1
+    assert PaymentIntent.objects.count() == 1
+    assert op.provider_calls == 1
+    assert op.attempts.filter(kind=AttemptKind.CALL).count() == 1
+
+
+def make_unknown(op: Operation) -> Operation:
+    """A real lost answer: the sandbox commits and the 1-second client timeout fires."""
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "called" and op.status == S.UNKNOWN, report
+    return op
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_stays_unknown_with_zero_calls_when_the_lookup_fails(acme, approver, providers):
+    op = make_unknown(authorized_payment(acme, approver))
+    sandbox_fault_set(provider="payments", kind="http_500", match="*", times=5)
+    for _ in range(2):
+        report = engine.operation_execute(operation_id=op.id)
+        assert report.outcome == "reconciled"
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN
+    assert len(payment_posts(op)) == 1  # only the original, lost one
+    assert PaymentIntent.objects.count() == 1
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="inconclusive").count() == 2
+    assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_an_ambiguous_crm_lookup_to_a_person(acme, providers):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    assert not op.requires_approval
+    sandbox_fault_set(provider="crm", kind="commit_then_drop", match=op.id, seconds=3)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN
+    # Someone else's integration created a second record carrying the same operation id.
+    original = Deal.objects.get(agent_operation_id=op.id)
+    Deal.objects.create(id="deal_dup", name=original.name, amount_minor=original.amount_minor,
+                        currency=original.currency, owner=original.owner,
+                        agent_operation_id=op.id)
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive" and "2" in report.detail
+    assert op.status == S.UNKNOWN and op.next_reconcile_at is None  # a person's queue
+    assert Deal.objects.filter(agent_operation_id=op.id).count() == 2  # we made no third
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 1
+    evidence = op.evidence.filter(kind="lookup").last()
+    assert len(evidence.data["matches"]) == 2
+    assert op.id not in engine.operations_due_for_reconcile()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_does_not_create_again_on_an_empty_search_inside_the_lag_window(
+    acme, approver, providers, settings
+):
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 3
+    sandbox_fault_set(provider="payments", kind="search_lag", match="*", seconds=3, times=50)
+    op = make_unknown(authorized_payment(acme, approver))
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "reconciled" and op.status == S.UNKNOWN
+    assert "lag" in op.evidence.filter(kind="lookup").last().data["reason"]
+    assert op.next_reconcile_at is not None  # checked again, automatically
+    assert len(payment_posts(op)) == 1
+
+    time.sleep(3.2)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    posts = list(payment_posts(op))
+    assert len(posts) == 1 and posts[0].idempotency_key == op.idempotency_key
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_calls_again_with_the_same_key_only_after_absence_is_proven(
+    acme, approver, providers
+):
+    op = authorized_payment(acme, approver)
+    # A 5xx before anything was written: unknown to us, absent at the provider.
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and PaymentIntent.objects.count() == 0
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "called" and op.status == S.SUCCEEDED
+    posts = list(payment_posts(op))
+    assert len(posts) == 2
+    assert {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert len({p.params_hash for p in posts}) == 1
+    kinds = list(op.attempts.order_by("number").values_list("kind", "outcome"))
+    assert kinds == [("call", "unknown"), ("lookup", "absent"), ("call", "succeeded")]
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_fails_a_refused_intent_without_retrying(acme, approver, providers):
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+    engine.operation_execute(operation_id=op.id)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.FAILED and op.error_code == "validation"
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_returns_the_stored_result_when_already_succeeded(acme, approver, providers):
+    op = authorized_payment(acme, approver)
+    engine.operation_execute(operation_id=op.id)
+    first_hash = Operation.objects.get(id=op.id).payload_hash
+    report = engine.operation_execute(operation_id=op.id)
+    assert report.outcome == "already_succeeded"
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert Operation.objects.get(id=op.id).payload_hash == first_hash == op.payload_hash
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_cancels_an_approval_that_expired_before_the_worker_got_to_it(
+    acme, approver, providers
+):
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1))
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.CANCELLED
+    assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
+
+
+def async_payment(acme, approver) -> Operation:
+    # At or above the sandbox's async threshold a payment stays `processing` until settled.
+    op = authorized_payment(acme, approver, amount_minor=150_000_000)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.ACCEPTED
+    return op
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_applies_a_webhook_once_however_often_it_arrives(
+    acme, approver, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="duplicate_webhook", match="*", times=5)
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    events = WebhookEvent.objects.filter(operation=op)
+    assert events.filter(event_type="payment_intent.succeeded").count() == 1
+    assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_ignores_a_late_event_that_arrives_out_of_order(acme, approver, providers, client):
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = async_payment(acme, approver)
+    result, _ = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_2", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.SUCCEEDED))
+    assert result == "applied"
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_1", event_type="payment_intent.processing", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.ACCEPTED))
+    op.refresh_from_db()
+    assert result == "ignored" and "not allowed" in message
+    assert op.status == S.SUCCEEDED
+    assert WebhookEvent.objects.filter(operation=op).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_revives_an_operation_a_person_resolved(
+    acme, approver, operator, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    engine.operation_resolve(operation_id=op.id, actor=operator, outcome=S.FAILED,
+                             evidence_text="bank statement shows no debit",
+                             reason="checked with treasury")
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.FAILED and op.resolved_manually
+    event = WebhookEvent.objects.get(operation=op, event_type="payment_intent.succeeded")
+    assert not event.applied and "operator" in event.outcome
+    engine.operation_dispute(operation_id=op.id, actor=operator, reason="treasury re-checking")
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
+    assert Operation.objects.get(id=op.id).status == S.DISPUTED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_rejects_a_webhook_with_a_bad_signature_and_stores_nothing(
+    acme, approver, providers, client
+):
+    op = async_payment(acme, approver)
+    body = (b'{"id": "evt_forged", "type": "payment_intent.succeeded", "created": 1, '
+            b'"data": {"object": {"id": "' + op.external_id.encode() + b'", "status": '
+            b'"succeeded", "metadata": {"operation_id": "' + op.id.encode() + b'"}}}}')
+    response = client.post("/webhooks/payments/", data=body, content_type="application/json",
+                           HTTP_STRIPE_SIGNATURE=f"t={int(time.time())},v1={'0' * 64}")
+    assert response.status_code == 400
+    assert WebhookEvent.objects.count() == 0
+    op.refresh_from_db()
+    assert op.status == S.ACCEPTED
+    assert Attempt.objects.filter(operation=op).count() == 1

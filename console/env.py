@@ -132,8 +132,11 @@ def _secret_key(environ: Mapping[str, str], debug: bool) -> str:
 
 
 def read_config(environ: Mapping[str, str]) -> Config:
-    debug = _bool(environ, "DEBUG", default=False)
     database_url, embedded_database = _database_url(environ)
+    # The embedded database only exists on a development checkout (a deployment always
+    # names its DATABASE_URL), so there DEBUG defaults to on and a management command in a
+    # second terminal works with no variables; everywhere else it defaults to off.
+    debug = _bool(environ, "DEBUG", default=embedded_database)
     redis_url, embedded_redis = _redis_url(environ)
     default_hosts = ["127.0.0.1", "localhost", "[::1]"] if debug else []
     allowed_hosts = _list(environ, "ALLOWED_HOSTS", default_hosts)

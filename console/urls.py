@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from console import views
 
@@ -13,5 +13,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("audit/", views.audit_list, name="audit"),
     path("audit.csv", views.audit_csv, name="audit_csv"),
+    path("approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
 ]

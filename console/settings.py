@@ -7,7 +7,7 @@ import os
 import dj_database_url
 from csp.constants import NONE, SELF
 
-from console.env import BASE_DIR, VAR_DIR, read_config
+from console.env import BASE_DIR, VAR_DIR, ConfigError, read_config
 
 CONFIG = read_config(os.environ)
 
@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "guardian",
     "csp",
     "operations",
+    "operations.sandbox",
     "approvals",
     "replays",
     "console",
@@ -187,3 +188,43 @@ LOGGING = {
 
 # Demo data (tenants acme/globex and their users) is only ever created with DEBUG on.
 DEMO_PASSWORD = os.environ.get("DEMO_PASSWORD", "")
+
+
+def _float_env(name: str, default: str) -> float:
+    # Same rule as env.py: a bad value stops the start with one line naming the variable.
+    raw = os.environ.get(name, default)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+
+
+# Providers. The defaults point at the project's own sandbox providers so that a fresh checkout
+# demos end to end; a real deployment sets *_API_BASE to a Stripe-compatible endpoint etc.
+# A /sandbox/ base with DEBUG off is allowed on purpose: that is a demo deployment.
+_SANDBOX_BASE = f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}/sandbox"
+PAYMENTS_API_BASE = os.environ.get("PAYMENTS_API_BASE", f"{_SANDBOX_BASE}/payments")
+PAYMENTS_API_KEY = os.environ.get("PAYMENTS_API_KEY", "sk_test_sandbox")
+PAYMENTS_WEBHOOK_SECRET = os.environ.get("PAYMENTS_WEBHOOK_SECRET", "whsec_sandbox_payments")
+# Stripe's search index trails writes by up to a minute: an empty search younger than this
+# after our last call proves nothing.
+PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60")
+CRM_API_BASE = os.environ.get("CRM_API_BASE", f"{_SANDBOX_BASE}/crm")
+CRM_API_KEY = os.environ.get("CRM_API_KEY", "crm_sandbox_key")
+CRM_WEBHOOK_SECRET = os.environ.get("CRM_WEBHOOK_SECRET", "whsec_sandbox_crm")
+MAIL_API_BASE = os.environ.get("MAIL_API_BASE", f"{_SANDBOX_BASE}/mail")
+MAIL_API_KEY = os.environ.get("MAIL_API_KEY", "mail_sandbox_key")
+MAIL_WEBHOOK_SECRET = os.environ.get("MAIL_WEBHOOK_SECRET", "whsec_sandbox_mail")
+PROVIDER_TIMEOUT_SECONDS = _float_env("PROVIDER_TIMEOUT_SECONDS", "10")
+
+# The sandbox providers are served under /sandbox/ with DEBUG on, or when asked for explicitly.
+SANDBOX_ENABLED = DEBUG or os.environ.get("SANDBOX_ENABLED", "").strip().lower() in {
+    "1", "true", "yes", "on",
+}
+# Payments at or above this amount stay `processing` until settled, to demo async results.
+SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
+    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000")
+)
+if SANDBOX_ENABLED:
+    # The adapters reach the sandbox over plain http on loopback; an https redirect breaks them.
+    SECURE_REDIRECT_EXEMPT = [r"^sandbox/"]

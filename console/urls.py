@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -16,3 +17,6 @@ urlpatterns = [
     path("approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
 ]
+
+if settings.SANDBOX_ENABLED:
+    urlpatterns.append(path("sandbox/", include("operations.sandbox.urls")))

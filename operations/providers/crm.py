@@ -1,0 +1,187 @@
+"""CRM deals: create carrying `agent_operation_id`, find by it, update with an expected version."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+
+from operations.providers.base import (
+    CallOutcome,
+    CallResult,
+    EffectClass,
+    LookupMethod,
+    LookupOutcome,
+    LookupResult,
+    OperationSnapshot,
+    ToolContract,
+    WebhookFacts,
+    WebhookSignatureError,
+    request_fingerprint,
+)
+from operations.providers.signing import header_get, hmac_signature_verify
+from operations.providers.transport import Answer, call_failure, lookup_failure, send
+
+
+def _base() -> str:
+    return settings.CRM_API_BASE.rstrip("/")
+
+
+def _deal_facts(deal: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        key: deal.get(key)
+        for key in ("id", "name", "amount_minor", "currency", "owner", "stage", "version")
+    }
+
+
+def _call_result(answer: Answer, body: Mapping[str, Any]) -> CallResult:
+    common = {
+        "request_hash": request_fingerprint(body),
+        "provider_request_id": answer.request_id,
+        "http_status": answer.status,
+    }
+    if answer.ok:
+        return CallResult(
+            outcome=CallOutcome.SUCCEEDED, external_id=str(answer.body.get("id", "")),
+            result=_deal_facts(answer.body), **common,
+        )
+    outcome, error_class, message = call_failure(answer)
+    result: dict[str, Any] = {}
+    if outcome is CallOutcome.CONFLICT:
+        # What the record is now, so a person can decide; never retried with fresh data.
+        result = {
+            "current_version": answer.error.get("current_version"),
+            "current": answer.error.get("current") or {},
+        }
+    elif answer.error:
+        result = {"error": answer.error}
+    return CallResult(
+        outcome=outcome, error_class=error_class, error_message=message, result=result, **common
+    )
+
+
+class CrmCreateDealAdapter:
+    contract = ToolContract(
+        provider="crm",
+        effect_class=EffectClass.CREATE_WITH_NATURAL_KEY,
+        synchronous=True,
+        lookup_methods=(LookupMethod.UNIQUE_FIELD,),
+        key_retention=None,
+        # The CRM takes no idempotency key: a blind resend can make a second deal.
+        same_key_retry_safe=False,
+        dedup_method="agent_operation_id field + list deals by it",
+    )
+
+    def call(self, op: OperationSnapshot) -> CallResult:
+        payload = op.payload
+        body = {
+            "name": payload["name"],
+            "amount_minor": int(payload["amount_minor"]),
+            "currency": str(payload["currency"]).upper(),
+            "owner": payload.get("owner", ""),
+            "agent_operation_id": op.id,
+        }
+        answer = send("POST", f"{_base()}/deals", api_key=settings.CRM_API_KEY, json=body)
+        return _call_result(answer, body)
+
+    def lookup(self, op: OperationSnapshot) -> LookupResult:
+        method = LookupMethod.UNIQUE_FIELD
+        answer = send(
+            "GET", f"{_base()}/deals", api_key=settings.CRM_API_KEY,
+            params={"agent_operation_id": op.id},
+        )
+        if not answer.ok:
+            return lookup_failure(answer, method=method)
+        common = {"method": method, "http_status": answer.status,
+                  "provider_request_id": answer.request_id}
+        deals = [_deal_facts(d) for d in answer.body.get("data", []) if isinstance(d, dict)]
+        if not deals:
+            # The CRM is strongly consistent: an empty answer is a proof.
+            return LookupResult(outcome=LookupOutcome.ABSENT,
+                                reason="no deal carries this agent_operation_id", **common)
+        if len(deals) > 1:
+            # No retry_after: waiting will not make duplicates go away; a person decides.
+            return LookupResult(
+                outcome=LookupOutcome.INCONCLUSIVE, matches=deals,
+                reason=f"data incident: {len(deals)} deals carry agent_operation_id", **common,
+            )
+        return LookupResult(
+            outcome=LookupOutcome.FOUND, status=CallOutcome.SUCCEEDED,
+            external_id=str(deals[0]["id"]), matches=deals, result=deals[0], **common,
+        )
+
+
+class CrmUpdateDealAdapter:
+    contract = ToolContract(
+        provider="crm",
+        effect_class=EffectClass.VERSIONED_UPDATE,
+        synchronous=True,
+        lookup_methods=(LookupMethod.EXTERNAL_ID,),
+        key_retention=None,
+        same_key_retry_safe=False,
+        dedup_method="expected_version + applied_operation_ids on the deal",
+    )
+
+    def call(self, op: OperationSnapshot) -> CallResult:
+        payload = op.payload
+        body = {
+            "expected_version": int(payload["expected_version"]),
+            "patch": dict(payload["patch"]),
+            "agent_operation_id": op.id,
+        }
+        answer = send(
+            "PATCH", f"{_base()}/deals/{payload['target']}", api_key=settings.CRM_API_KEY,
+            json=body,
+        )
+        return _call_result(answer, body)
+
+    def lookup(self, op: OperationSnapshot) -> LookupResult:
+        method = LookupMethod.EXTERNAL_ID
+        target = str(op.payload["target"])
+        answer = send("GET", f"{_base()}/deals/{target}", api_key=settings.CRM_API_KEY)
+        common = {"method": method, "http_status": answer.status,
+                  "provider_request_id": answer.request_id}
+        if answer.status == 404:
+            # The deal is gone: whether our update landed before that cannot be told.
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
+                                reason=f"deal {target} does not exist", **common)
+        if not answer.ok:
+            return lookup_failure(answer, method=method)
+        facts = _deal_facts(answer.body)
+        if op.id in (answer.body.get("applied_operation_ids") or []):
+            return LookupResult(
+                outcome=LookupOutcome.FOUND, status=CallOutcome.SUCCEEDED, external_id=target,
+                matches=[facts], result=facts, **common,
+            )
+        return LookupResult(
+            outcome=LookupOutcome.ABSENT, external_id=target, result=facts,
+            reason=f"deal {target} has not applied this operation", **common,
+        )
+
+
+class CrmWebhookVerifier:
+    def parse_webhook(self, *, headers: Mapping[str, str], body: bytes) -> WebhookFacts:
+        hmac_signature_verify(
+            secret=settings.CRM_WEBHOOK_SECRET, header=header_get(headers, "X-CRM-Signature"),
+            body=body,
+        )
+        try:
+            event = json.loads(body)
+            deal = event["data"]["object"]
+            event_id = str(event["id"])
+        except (ValueError, KeyError, TypeError):
+            raise WebhookSignatureError("signed body is not a CRM event") from None
+        created = event.get("created")
+        return WebhookFacts(
+            event_id=event_id,
+            event_type=str(event.get("type", "")),
+            # An update names its own operation; a create carries it on the deal.
+            operation_id=str(event.get("operation_id") or deal.get("agent_operation_id") or ""),
+            external_id=str(deal.get("id", "")),
+            status=CallOutcome.SUCCEEDED,
+            created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
+            data=_deal_facts(deal),
+        )

@@ -1,0 +1,151 @@
+"""Mail: send with an Idempotency-Key, find by it, delivery and bounce by webhook."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from operations.providers.base import (
+    CallOutcome,
+    CallResult,
+    EffectClass,
+    LookupMethod,
+    LookupOutcome,
+    LookupResult,
+    OperationSnapshot,
+    ToolContract,
+    WebhookFacts,
+    WebhookSignatureError,
+    request_fingerprint,
+)
+from operations.providers.signing import header_get, hmac_signature_verify
+from operations.providers.transport import call_failure, lookup_failure, send
+
+STATUS_MAP: dict[str, CallOutcome] = {
+    "queued": CallOutcome.ACCEPTED,
+    "delivered": CallOutcome.SUCCEEDED,
+    "bounced": CallOutcome.FAILED,
+}
+
+EVENT_STATUS: dict[str, CallOutcome] = {
+    "message.delivered": CallOutcome.SUCCEEDED,
+    "message.bounced": CallOutcome.FAILED,
+}
+
+
+def _base() -> str:
+    return settings.MAIL_API_BASE.rstrip("/")
+
+
+def _message_facts(message: Mapping[str, Any]) -> dict[str, Any]:
+    # Never the recipient or the template parameters: those are personal data.
+    return {"id": message.get("id", ""), "status": message.get("status", "")}
+
+
+class MailSendAdapter:
+    contract = ToolContract(
+        provider="mail",
+        effect_class=EffectClass.IRREVERSIBLE,
+        synchronous=False,
+        lookup_methods=(LookupMethod.IDEMPOTENCY_KEY,),
+        key_retention=timedelta(days=7),
+        same_key_retry_safe=True,
+        dedup_method="Idempotency-Key header + list messages by it",
+    )
+
+    def call(self, op: OperationSnapshot) -> CallResult:
+        payload = op.payload
+        body = {
+            "to": payload["to"],
+            "template": payload["template"],
+            "params": dict(payload.get("params") or {}),
+            "operation_id": op.id,
+        }
+        answer = send(
+            "POST", f"{_base()}/messages", api_key=settings.MAIL_API_KEY,
+            headers={"Idempotency-Key": op.idempotency_key}, json=body,
+        )
+        common = {
+            "request_hash": request_fingerprint(body),
+            "provider_request_id": answer.request_id,
+            "http_status": answer.status,
+        }
+        if not answer.ok:
+            outcome, error_class, message = call_failure(answer)
+            return CallResult(
+                outcome=outcome, error_class=error_class, error_message=message,
+                result={"error": answer.error} if answer.error else {}, **common,
+            )
+        return CallResult(
+            outcome=STATUS_MAP.get(str(answer.body.get("status")), CallOutcome.ACCEPTED),
+            external_id=str(answer.body.get("id", "")),
+            result=_message_facts(answer.body),
+            **common,
+        )
+
+    def lookup(self, op: OperationSnapshot) -> LookupResult:
+        method = LookupMethod.IDEMPOTENCY_KEY
+        answer = send(
+            "GET", f"{_base()}/messages", api_key=settings.MAIL_API_KEY,
+            params={"idempotency_key": op.idempotency_key},
+        )
+        if not answer.ok:
+            return lookup_failure(answer, method=method)
+        common = {"method": method, "http_status": answer.status,
+                  "provider_request_id": answer.request_id}
+        messages = [m for m in answer.body.get("data", []) if isinstance(m, dict)]
+        matches = [_message_facts(m) for m in messages]
+        if len(messages) > 1:
+            return LookupResult(
+                outcome=LookupOutcome.INCONCLUSIVE, matches=matches,
+                reason=f"{len(messages)} messages carry this idempotency key", **common,
+            )
+        if len(messages) == 1:
+            return LookupResult(
+                outcome=LookupOutcome.FOUND,
+                status=STATUS_MAP.get(str(messages[0].get("status")), CallOutcome.ACCEPTED),
+                external_id=str(messages[0].get("id", "")), matches=matches, result=matches[0],
+                **common,
+            )
+        retention = self.contract.key_retention
+        if op.last_call_at is not None and retention is not None:
+            if timezone.now() - op.last_call_at > retention:
+                # The provider may have forgotten the key: an empty answer proves nothing.
+                return LookupResult(
+                    outcome=LookupOutcome.INCONCLUSIVE,
+                    reason="key retention window passed", **common,
+                )
+        return LookupResult(
+            outcome=LookupOutcome.ABSENT, reason="no message carries this idempotency key",
+            **common,
+        )
+
+
+class MailWebhookVerifier:
+    def parse_webhook(self, *, headers: Mapping[str, str], body: bytes) -> WebhookFacts:
+        hmac_signature_verify(
+            secret=settings.MAIL_WEBHOOK_SECRET, header=header_get(headers, "X-Mail-Signature"),
+            body=body,
+        )
+        try:
+            event = json.loads(body)
+            message = event["data"]["object"]
+            event_id = str(event["id"])
+        except (ValueError, KeyError, TypeError):
+            raise WebhookSignatureError("signed body is not a mail event") from None
+        created = event.get("created")
+        event_type = str(event.get("type", ""))
+        return WebhookFacts(
+            event_id=event_id,
+            event_type=event_type,
+            operation_id=str(message.get("operation_id", "")),
+            external_id=str(message.get("id", "")),
+            status=EVENT_STATUS.get(event_type),
+            created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
+            data=_message_facts(message),
+        )

@@ -1,0 +1,204 @@
+"""Payments: the Stripe PaymentIntents API subset (create, retrieve, search, signed webhooks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from operations.providers.base import (
+    CallOutcome,
+    CallResult,
+    EffectClass,
+    LookupMethod,
+    LookupOutcome,
+    LookupResult,
+    OperationSnapshot,
+    ToolContract,
+    WebhookFacts,
+    WebhookSignatureError,
+    request_fingerprint,
+)
+from operations.providers.signing import header_get, stripe_signature_verify
+from operations.providers.transport import call_failure, lookup_failure, send
+
+STATUS_MAP: dict[str, CallOutcome] = {
+    "succeeded": CallOutcome.SUCCEEDED,
+    "processing": CallOutcome.ACCEPTED,
+    "requires_capture": CallOutcome.ACCEPTED,
+    "canceled": CallOutcome.FAILED,
+    "requires_payment_method": CallOutcome.FAILED,
+}
+
+EVENT_STATUS: dict[str, CallOutcome] = {
+    "payment_intent.succeeded": CallOutcome.SUCCEEDED,
+    "payment_intent.payment_failed": CallOutcome.FAILED,
+    "payment_intent.processing": CallOutcome.ACCEPTED,
+}
+
+
+def payment_status(status: str) -> CallOutcome:
+    # Anything else (requires_action, requires_confirmation) is taken but not final.
+    return STATUS_MAP.get(status, CallOutcome.ACCEPTED)
+
+
+def _facts(intent: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": intent.get("id", ""),
+        "status": intent.get("status", ""),
+        "amount": intent.get("amount"),
+        "currency": intent.get("currency", ""),
+    }
+
+
+class PaymentsCreateAdapter:
+    @property
+    def contract(self) -> ToolContract:
+        return ToolContract(
+            provider="payments",
+            effect_class=EffectClass.IRREVERSIBLE,
+            # `processing` payments finish later, by webhook or lookup.
+            synchronous=False,
+            lookup_methods=(LookupMethod.EXTERNAL_ID, LookupMethod.UNIQUE_FIELD),
+            key_retention=timedelta(hours=24),
+            same_key_retry_safe=True,
+            search_lag=timedelta(seconds=float(settings.PAYMENTS_SEARCH_LAG_SECONDS)),
+            dedup_method="Idempotency-Key header + search by metadata['operation_id']",
+        )
+
+    def _base(self) -> str:
+        return settings.PAYMENTS_API_BASE.rstrip("/")
+
+    def params(self, op: OperationSnapshot) -> dict[str, str]:
+        payload = op.payload
+        params = {
+            "amount": str(int(payload["amount_minor"])),
+            "currency": str(payload["currency"]).lower(),
+            "confirm": "true",
+            "metadata[operation_id]": op.id,
+            "metadata[tenant]": op.tenant,
+        }
+        # Stripe reads an empty metadata value as "unset", so absent fields are not sent.
+        for name in ("invoice_id", "beneficiary_id"):
+            if payload.get(name):
+                params[f"metadata[{name}]"] = str(payload[name])
+        return params
+
+    def call(self, op: OperationSnapshot) -> CallResult:
+        params = self.params(op)
+        answer = send(
+            "POST", f"{self._base()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
+            headers={"Idempotency-Key": op.idempotency_key}, data=params,
+        )
+        common = {
+            "request_hash": request_fingerprint(params),
+            "provider_request_id": answer.request_id,
+            "http_status": answer.status,
+        }
+        if not answer.ok:
+            outcome, error_class, message = call_failure(answer)
+            return CallResult(
+                outcome=outcome, error_class=error_class, error_message=message,
+                result={"error": answer.error} if answer.error else {}, **common,
+            )
+        return CallResult(
+            outcome=payment_status(str(answer.body.get("status", ""))),
+            external_id=str(answer.body.get("id", "")),
+            result=_facts(answer.body),
+            **common,
+        )
+
+    def lookup(self, op: OperationSnapshot) -> LookupResult:
+        if op.external_id:
+            return self._retrieve(op.external_id)
+        return self._search(op)
+
+    def _retrieve(self, external_id: str) -> LookupResult:
+        method = LookupMethod.EXTERNAL_ID
+        answer = send(
+            "GET", f"{self._base()}/v1/payment_intents/{external_id}",
+            api_key=settings.PAYMENTS_API_KEY,
+        )
+        common = {"method": method, "http_status": answer.status,
+                  "provider_request_id": answer.request_id}
+        if answer.status == 404:
+            # The id came from the provider itself, so "no such object" is a proof.
+            return LookupResult(outcome=LookupOutcome.ABSENT,
+                                reason=f"payment {external_id} does not exist", **common)
+        if not answer.ok:
+            return lookup_failure(answer, method=method)
+        return LookupResult(
+            outcome=LookupOutcome.FOUND, status=payment_status(str(answer.body.get("status"))),
+            external_id=str(answer.body.get("id", external_id)),
+            matches=[_facts(answer.body)], result=_facts(answer.body), **common,
+        )
+
+    def _search(self, op: OperationSnapshot) -> LookupResult:
+        method = LookupMethod.UNIQUE_FIELD
+        answer = send(
+            "GET", f"{self._base()}/v1/payment_intents/search",
+            api_key=settings.PAYMENTS_API_KEY,
+            params={"query": f"metadata['operation_id']:'{op.id}'"},
+        )
+        if not answer.ok:
+            return lookup_failure(answer, method=method)
+        common = {"method": method, "http_status": answer.status,
+                  "provider_request_id": answer.request_id}
+        found = [item for item in answer.body.get("data", []) if isinstance(item, dict)]
+        matches = [_facts(item) for item in found]
+        if len(found) > 1 or answer.body.get("has_more"):
+            # Never pick one: which of several charges is "ours" is a person's call.
+            return LookupResult(
+                outcome=LookupOutcome.INCONCLUSIVE, matches=matches,
+                reason=f"{len(found)} payments carry this operation id", **common,
+            )
+        if len(found) == 1:
+            return LookupResult(
+                outcome=LookupOutcome.FOUND, status=payment_status(str(found[0].get("status"))),
+                external_id=str(found[0].get("id", "")), matches=matches, result=matches[0],
+                **common,
+            )
+        lag = self.contract.search_lag
+        if op.last_call_at is not None:
+            elapsed = timezone.now() - op.last_call_at
+            if elapsed < lag:
+                return LookupResult(
+                    outcome=LookupOutcome.INCONCLUSIVE,
+                    reason="search inside the provider's lag window",
+                    retry_after=lag - elapsed, **common,
+                )
+        return LookupResult(
+            outcome=LookupOutcome.ABSENT,
+            reason="no payment carries this operation id", **common,
+        )
+
+
+class PaymentsWebhookVerifier:
+    def parse_webhook(self, *, headers: Mapping[str, str], body: bytes) -> WebhookFacts:
+        stripe_signature_verify(
+            secret=settings.PAYMENTS_WEBHOOK_SECRET,
+            header=header_get(headers, "Stripe-Signature"), body=body,
+        )
+        try:
+            event = json.loads(body)
+            intent = event["data"]["object"]
+            event_id = str(event["id"])
+        except (ValueError, KeyError, TypeError):
+            # Signed but malformed: not ours to interpret, refuse like a bad signature.
+            raise WebhookSignatureError("signed body is not a Stripe event") from None
+        metadata = intent.get("metadata") or {}
+        created = event.get("created")
+        event_type = str(event.get("type", ""))
+        return WebhookFacts(
+            event_id=event_id,
+            event_type=event_type,
+            operation_id=str(metadata.get("operation_id", "")),
+            external_id=str(intent.get("id", "")),
+            status=EVENT_STATUS.get(event_type),
+            created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
+            data=_facts(intent),
+        )

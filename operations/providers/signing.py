@@ -1,0 +1,75 @@
+"""Webhook signatures, shared by the verifiers and by the sandbox that signs what it sends."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+
+from operations.providers.base import WebhookSignatureError
+
+# Stripe's default: a signed timestamp older than this is refused, so a captured request
+# cannot be replayed later.
+STRIPE_TOLERANCE_SECONDS = 300
+
+
+def _hmac_hex(secret: str, payload: bytes) -> str:
+    return hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
+
+
+def header_get(headers: Mapping[str, str], name: str) -> str:
+    # Callers pass Django's case-insensitive request.headers or a plain dict.
+    wanted = name.lower()
+    for key, value in headers.items():
+        if key.lower() == wanted:
+            return value
+    return ""
+
+
+def stripe_signature_header(*, secret: str, body: bytes, timestamp: int | None = None) -> str:
+    t = int(time.time()) if timestamp is None else timestamp
+    return f"t={t},v1={_hmac_hex(secret, f'{t}.'.encode() + body)}"
+
+
+def stripe_signature_verify(
+    *, secret: str, header: str, body: bytes, tolerance: int = STRIPE_TOLERANCE_SECONDS,
+    now: float | None = None,
+) -> int:
+    """Verify as Stripe's libraries do; returns the signed timestamp."""
+    timestamp: int | None = None
+    signatures: list[str] = []
+    for item in header.split(","):
+        name, _, value = item.strip().partition("=")
+        if name == "t":
+            try:
+                timestamp = int(value)
+            except ValueError:
+                raise WebhookSignatureError("signature timestamp is not a number") from None
+        elif name == "v1":
+            signatures.append(value)
+    if timestamp is None or not signatures:
+        raise WebhookSignatureError("no timestamp or no v1 signature in Stripe-Signature")
+    expected = _hmac_hex(secret, f"{timestamp}.".encode() + body)
+    # Compare every candidate without stopping early, so timing says nothing about which failed.
+    matched = False
+    for candidate in signatures:
+        matched |= hmac.compare_digest(expected, candidate)
+    if not matched:
+        raise WebhookSignatureError("no signature matches the body")
+    current = time.time() if now is None else now
+    if tolerance and timestamp < current - tolerance:
+        raise WebhookSignatureError("signature timestamp is outside the tolerance")
+    return timestamp
+
+
+def hmac_signature_header(*, secret: str, body: bytes) -> str:
+    return f"sha256={_hmac_hex(secret, body)}"
+
+
+def hmac_signature_verify(*, secret: str, header: str, body: bytes) -> None:
+    scheme, _, value = header.strip().partition("=")
+    if scheme != "sha256" or not value:
+        raise WebhookSignatureError("signature header is not of the form sha256=<hex>")
+    if not hmac.compare_digest(_hmac_hex(secret, body), value):
+        raise WebhookSignatureError("signature does not match the body")

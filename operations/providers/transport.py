@@ -1,0 +1,101 @@
+"""One HTTP exchange with a provider, and how its failures map onto the engine's outcomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from operations.providers.base import CallOutcome, LookupOutcome, LookupResult
+
+# A lookup that failed on the wire may well work a little later; a person is not needed yet.
+LOOKUP_RETRY_AFTER = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int | None  # None: no HTTP answer at all
+    body: dict[str, Any] = field(default_factory=dict)
+    request_id: str = ""
+    transport_error: str = ""  # "timeout" | "connection"
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def error(self) -> dict[str, Any]:
+        error = self.body.get("error")
+        return error if isinstance(error, dict) else {}
+
+
+def send(
+    method: str,
+    url: str,
+    *,
+    api_key: str,
+    headers: dict[str, str] | None = None,
+    data: dict[str, str] | None = None,
+    json: dict[str, Any] | None = None,
+    params: dict[str, str] | None = None,
+) -> Answer:
+    all_headers = {"Authorization": f"Bearer {api_key}", **(headers or {})}
+    # Read at call time so a settings override (tests, an operator's env change) takes effect.
+    timeout = float(settings.PROVIDER_TIMEOUT_SECONDS)
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            response = client.request(
+                method, url, headers=all_headers, data=data, json=json, params=params
+            )
+    except httpx.TimeoutException as exc:
+        return Answer(None, transport_error="timeout", message=str(exc) or "timed out")
+    except httpx.TransportError as exc:
+        return Answer(None, transport_error="connection", message=str(exc) or type(exc).__name__)
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {"data": body}
+    return Answer(response.status_code, body, response.headers.get("Request-Id", ""))
+
+
+def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
+    """(outcome, error_class, message) of an answer that is not a 2xx."""
+    error = answer.error
+    message = str(error.get("message") or answer.message or f"HTTP {answer.status}")
+    if answer.status is None:
+        return CallOutcome.UNKNOWN, answer.transport_error, message
+    if answer.status >= 500:
+        return CallOutcome.UNKNOWN, "http_5xx", message
+    if answer.status == 409:
+        if error.get("code") == "version_conflict":
+            return CallOutcome.CONFLICT, "version_conflict", message
+        # Another request with our key is still running: its effect may or may not land.
+        return CallOutcome.UNKNOWN, "concurrent_request", message
+    if answer.status == 400 and error.get("type") == "idempotency_error":
+        # Our key already names a request with other parameters: a person must look.
+        return CallOutcome.UNKNOWN, "idempotency_error", message
+    if answer.status == 429:
+        # Rate limited: the provider did nothing, which a lookup will prove before a retry.
+        return CallOutcome.UNKNOWN, "rate_limited", message
+    if 400 <= answer.status < 500:
+        return CallOutcome.FAILED, "validation", message
+    # A redirect or other surprise: we cannot tell what happened.
+    return CallOutcome.UNKNOWN, "unexpected_status", message
+
+
+def lookup_failure(answer: Answer, *, method: Any) -> LookupResult:
+    _, error_class, message = call_failure(answer)
+    return LookupResult(
+        outcome=LookupOutcome.INCONCLUSIVE,
+        method=method,
+        reason=f"lookup failed ({error_class}): {message}",
+        retry_after=LOOKUP_RETRY_AFTER,
+        http_status=answer.status,
+        provider_request_id=answer.request_id,
+    )

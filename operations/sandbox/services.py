@@ -1,0 +1,481 @@
+"""Sandbox writes and test-facing queries: faults, objects, webhooks, the request log."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from operations.ids import new_id
+from operations.providers.signing import hmac_signature_header, stripe_signature_header
+from operations.sandbox.models import (
+    Deal,
+    FaultKind,
+    IdempotencyRecord,
+    Message,
+    PaymentIntent,
+    Provider,
+    SandboxFault,
+    SandboxRequest,
+    SandboxWebhook,
+)
+
+# A claim this old whose request never finished belongs to a dead process: take it over,
+# or the key would answer 409 forever.
+IN_FLIGHT_STALE = timedelta(seconds=60)
+# Stripe forgets a key after 24 hours; after that the same key makes a new payment.
+KEY_RETENTION = timedelta(hours=24)
+
+
+class SandboxStateError(Exception):
+    """The object is not in a state that allows the change."""
+
+
+# --- faults -------------------------------------------------------------------------------
+
+
+def sandbox_fault_set(
+    *, provider: str, kind: str, match: str = "*", times: int = 1, **params: Any
+) -> SandboxFault:
+    if provider not in Provider.values:
+        raise ValueError(f"unknown sandbox provider {provider!r}")
+    if kind not in FaultKind.values:
+        raise ValueError(f"unknown fault kind {kind!r}; one of {', '.join(FaultKind.values)}")
+    if times < 1:
+        raise ValueError("times must be at least 1")
+    return SandboxFault.objects.create(
+        provider=provider, kind=kind, match=match or "*", remaining=times, params=params
+    )
+
+
+def sandbox_fault_clear(
+    *, provider: str | None = None, kind: str | None = None, match: str | None = None
+) -> int:
+    faults = SandboxFault.objects.all()
+    if provider:
+        faults = faults.filter(provider=provider)
+    if kind:
+        faults = faults.filter(kind=kind)
+    if match:
+        faults = faults.filter(match=match)
+    deleted, _ = faults.delete()
+    return deleted
+
+
+def _fault_candidates(
+    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str]
+) -> QuerySet[SandboxFault]:
+    ids = [op for op in operation_ids if op]
+    return SandboxFault.objects.filter(
+        Q(match="*") | Q(match__in=ids), provider=provider, kind__in=list(kinds), remaining__gt=0
+    ).order_by("id")
+
+
+def sandbox_fault_take(
+    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str] = ()
+) -> SandboxFault | None:
+    """Consume one matching fault; a conditional UPDATE, so two requests never share one."""
+    candidates = list(
+        _fault_candidates(provider=provider, kinds=kinds, operation_ids=operation_ids)
+    )
+    # A fault aimed at this operation wins over a blanket one.
+    candidates.sort(key=lambda fault: (fault.match == "*", fault.id))
+    for fault in candidates:
+        taken = SandboxFault.objects.filter(pk=fault.pk, remaining__gt=0).update(
+            remaining=F("remaining") - 1
+        )
+        if taken:
+            return fault
+    return None
+
+
+def sandbox_fault_active(
+    *, provider: str, kind: str, operation_ids: Iterable[str] = ()
+) -> SandboxFault | None:
+    candidates = list(
+        _fault_candidates(provider=provider, kinds=[kind], operation_ids=operation_ids)
+    )
+    candidates.sort(key=lambda fault: (fault.match == "*", fault.id))
+    return candidates[0] if candidates else None
+
+
+def fault_seconds(fault: SandboxFault) -> float:
+    # Default: just past the client's timeout, so the answer is certainly lost.
+    return float(fault.params.get("seconds", float(settings.PROVIDER_TIMEOUT_SECONDS) + 1))
+
+
+# --- the request log ----------------------------------------------------------------------
+
+
+def sandbox_requests(
+    *,
+    provider: str | None = None,
+    method: str | None = None,
+    path_endswith: str | None = None,
+    idempotency_key: str | None = None,
+    operation_id: str | None = None,
+) -> QuerySet[SandboxRequest]:
+    requests = SandboxRequest.objects.all()
+    if provider:
+        requests = requests.filter(provider=provider)
+    if method:
+        requests = requests.filter(method=method.upper())
+    if path_endswith:
+        requests = requests.filter(path__endswith=path_endswith)
+    if idempotency_key is not None:
+        requests = requests.filter(idempotency_key=idempotency_key)
+    if operation_id is not None:
+        requests = requests.filter(operation_id=operation_id)
+    return requests
+
+
+def sandbox_writes(*, provider: str, operation_id: str | None = None) -> QuerySet[SandboxRequest]:
+    """The requests that could have made an effect (POST and PATCH)."""
+    return sandbox_requests(provider=provider, operation_id=operation_id).filter(
+        method__in=["POST", "PATCH"]
+    )
+
+
+def sandbox_counts() -> dict[str, int]:
+    return {
+        "payment_intents": PaymentIntent.objects.count(),
+        "deals": Deal.objects.count(),
+        "messages": Message.objects.count(),
+        "webhooks": SandboxWebhook.objects.count(),
+        "webhooks_undelivered": SandboxWebhook.objects.filter(delivered_at__isnull=True).count(),
+        "requests": SandboxRequest.objects.count(),
+    }
+
+
+# --- JSON forms, as the providers' APIs show them -----------------------------------------
+
+
+def payment_intent_json(intent: PaymentIntent) -> dict[str, Any]:
+    return {
+        "id": intent.id,
+        "object": "payment_intent",
+        "amount": intent.amount,
+        "currency": intent.currency,
+        "status": intent.status,
+        "metadata": intent.metadata,
+        "last_payment_error": intent.last_payment_error,
+        "created": int(intent.created_at.timestamp()),
+        "livemode": False,
+    }
+
+
+def deal_json(deal: Deal) -> dict[str, Any]:
+    return {
+        "id": deal.id,
+        "object": "deal",
+        "name": deal.name,
+        "amount_minor": deal.amount_minor,
+        "currency": deal.currency,
+        "owner": deal.owner,
+        "stage": deal.stage,
+        "version": deal.version,
+        "agent_operation_id": deal.agent_operation_id,
+        "applied_operation_ids": deal.applied_operation_ids,
+        "created": int(deal.created_at.timestamp()),
+        "updated": int(deal.updated_at.timestamp()),
+    }
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    return {
+        "id": message.id,
+        "object": "message",
+        "to": message.to,
+        "template": message.template,
+        "status": message.status,
+        "operation_id": message.operation_id,
+        "idempotency_key": message.idempotency_key or "",
+        "created": int(message.created_at.timestamp()),
+    }
+
+
+# --- webhooks -----------------------------------------------------------------------------
+
+
+def sandbox_webhook_record(
+    *, provider: str, event_type: str, obj: dict[str, Any], operation_id: str = "",
+    extra: dict[str, Any] | None = None,
+) -> SandboxWebhook:
+    """Joins the caller's transaction: the event exists exactly when the change does."""
+    event_id = new_id("evt")
+    body = json.dumps({
+        "id": event_id,
+        "object": "event",
+        "type": event_type,
+        "created": int(time.time()),
+        **(extra or {}),
+        "data": {"object": obj},
+    }, separators=(",", ":"))
+    return SandboxWebhook.objects.create(
+        provider=provider, event_id=event_id, type=event_type, operation_id=operation_id,
+        body=body,
+    )
+
+
+def _signature_headers(provider: str, body: bytes) -> dict[str, str]:
+    if provider == Provider.PAYMENTS:
+        return {"Stripe-Signature": stripe_signature_header(
+            secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body)}
+    if provider == Provider.CRM:
+        return {"X-CRM-Signature": hmac_signature_header(
+            secret=settings.CRM_WEBHOOK_SECRET, body=body)}
+    return {"X-Mail-Signature": hmac_signature_header(
+        secret=settings.MAIL_WEBHOOK_SECRET, body=body)}
+
+
+def sandbox_webhooks_deliver(*, target_base_url: str) -> int:
+    """POST every undelivered event, signed; returns how many POSTs were answered 2xx.
+
+    An event whose POST fails stays undelivered and goes out again next time, as providers do.
+    """
+    sent = 0
+    base = target_base_url.rstrip("/")
+    timeout = float(settings.PROVIDER_TIMEOUT_SECONDS)
+    with httpx.Client(timeout=timeout) as client:
+        for provider in Provider.values:
+            batch = list(
+                SandboxWebhook.objects.filter(provider=provider, delivered_at__isnull=True)
+            )
+            if not batch:
+                continue
+            op_ids = {hook.operation_id for hook in batch}
+            if sandbox_fault_take(provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS],
+                                  operation_ids=op_ids):
+                batch.reverse()
+            for hook in batch:
+                if sandbox_fault_take(provider=provider, kinds=[FaultKind.LATE_WEBHOOK],
+                                      operation_ids=[hook.operation_id]):
+                    continue
+                copies = 1
+                if sandbox_fault_take(provider=provider, kinds=[FaultKind.DUPLICATE_WEBHOOK],
+                                      operation_ids=[hook.operation_id]):
+                    copies = 2
+                delivered = False
+                for _ in range(copies):
+                    body = hook.body.encode()
+                    headers = {"Content-Type": "application/json",
+                               **_signature_headers(provider, body)}
+                    try:
+                        response = client.post(
+                            f"{base}/webhooks/{provider}/", content=body, headers=headers
+                        )
+                    except httpx.HTTPError:
+                        continue
+                    if 200 <= response.status_code < 300:
+                        sent += 1
+                        delivered = True
+                if delivered:
+                    SandboxWebhook.objects.filter(pk=hook.pk, delivered_at__isnull=True).update(
+                        delivered_at=timezone.now()
+                    )
+    return sent
+
+
+# --- payments -----------------------------------------------------------------------------
+
+
+def idempotency_claim(
+    *, api_key: str, key: str, fingerprint: str
+) -> tuple[IdempotencyRecord, bool]:
+    """Insert the claim in its own transaction, before any work; (record, claimed by us)."""
+    for _ in range(3):
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                record = IdempotencyRecord.objects.create(
+                    api_key=api_key, key=key, fingerprint=fingerprint, created_at=now
+                )
+            return record, True
+        except IntegrityError:
+            pass
+        record = IdempotencyRecord.objects.filter(api_key=api_key, key=key).first()
+        if record is None:
+            continue  # the other claimant released it a moment ago: claim again
+        if record.response_status is not None and record.created_at < now - KEY_RETENTION:
+            IdempotencyRecord.objects.filter(pk=record.pk, created_at=record.created_at).delete()
+            continue
+        if (
+            record.response_status is None
+            and record.fingerprint == fingerprint
+            and record.created_at < now - IN_FLIGHT_STALE
+        ):
+            taken = IdempotencyRecord.objects.filter(
+                pk=record.pk, response_status__isnull=True, created_at=record.created_at
+            ).update(created_at=now)
+            if taken:
+                record.created_at = now
+                return record, True
+        return record, False
+    raise SandboxStateError(f"could not claim idempotency key {key!r}")
+
+
+def idempotency_release(*, record: IdempotencyRecord) -> None:
+    # Stripe saves no result when a request failed validation: the key may be used again.
+    IdempotencyRecord.objects.filter(pk=record.pk, response_status__isnull=True).delete()
+
+
+def sandbox_payment_create(
+    *, amount: int, currency: str, metadata: dict[str, str], confirm: bool,
+    claim: IdempotencyRecord | None = None,
+) -> dict[str, Any]:
+    """Create the intent, its webhook and the saved idempotent response in one transaction."""
+    if not confirm:
+        status = "requires_confirmation"
+    elif amount >= int(settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR):
+        status = "processing"
+    else:
+        status = "succeeded"
+    with transaction.atomic():
+        intent = PaymentIntent.objects.create(
+            amount=amount, currency=currency, status=status, metadata=metadata
+        )
+        body = payment_intent_json(intent)
+        if status in {"succeeded", "processing"}:
+            sandbox_webhook_record(
+                provider=Provider.PAYMENTS, event_type=f"payment_intent.{status}", obj=body,
+                operation_id=metadata.get("operation_id", ""),
+            )
+        if claim is not None:
+            saved = IdempotencyRecord.objects.filter(
+                pk=claim.pk, response_status__isnull=True
+            ).update(response_status=200, response_body=body)
+            if not saved:
+                raise SandboxStateError("the idempotency claim was lost; nothing is created")
+    return body
+
+
+def sandbox_payment_settle(
+    *, payment_intent_id: str, status: str = "succeeded"
+) -> PaymentIntent:
+    """Finish a `processing` payment as the bank would, and record the webhook."""
+    if status not in {"succeeded", "failed"}:
+        raise ValueError("status is 'succeeded' or 'failed'")
+    new_status = "succeeded" if status == "succeeded" else "requires_payment_method"
+    error = None if status == "succeeded" else {
+        "code": "card_declined", "message": "The bank declined the payment."
+    }
+    with transaction.atomic():
+        changed = PaymentIntent.objects.filter(
+            pk=payment_intent_id, status="processing"
+        ).update(status=new_status, last_payment_error=error)
+        if not changed:
+            raise SandboxStateError(f"payment {payment_intent_id} is not processing")
+        intent = PaymentIntent.objects.get(pk=payment_intent_id)
+        event_type = (
+            "payment_intent.succeeded" if status == "succeeded"
+            else "payment_intent.payment_failed"
+        )
+        sandbox_webhook_record(
+            provider=Provider.PAYMENTS, event_type=event_type,
+            obj=payment_intent_json(intent),
+            operation_id=intent.metadata.get("operation_id", ""),
+        )
+    return intent
+
+
+def sandbox_payment_search(
+    *, field: str, value: str, lag_seconds: float = 0
+) -> list[PaymentIntent]:
+    intents = PaymentIntent.objects.filter(metadata__contains={field: value})
+    if lag_seconds:
+        # What Stripe's search index has not caught up with yet is invisible to search.
+        intents = intents.filter(
+            created_at__lte=timezone.now() - timedelta(seconds=lag_seconds)
+        )
+    return list(intents[:100])
+
+
+# --- CRM ----------------------------------------------------------------------------------
+
+DEAL_PATCHABLE = frozenset({"name", "amount_minor", "currency", "owner", "stage"})
+
+
+def sandbox_deal_create(
+    *, name: str, amount_minor: int, currency: str, owner: str, agent_operation_id: str
+) -> Deal:
+    with transaction.atomic():
+        deal = Deal.objects.create(
+            name=name, amount_minor=amount_minor, currency=currency, owner=owner,
+            agent_operation_id=agent_operation_id,
+        )
+        sandbox_webhook_record(
+            provider=Provider.CRM, event_type="deal.created", obj=deal_json(deal),
+            operation_id=agent_operation_id, extra={"operation_id": agent_operation_id},
+        )
+    return deal
+
+
+def sandbox_deal_update(
+    *, deal_id: str, expected_version: int, patch: dict[str, Any], operation_id: str
+) -> tuple[Deal, bool]:
+    """(deal, applied). Not applied: the version moved on; the deal is returned as it is now."""
+    with transaction.atomic():
+        deal = Deal.objects.get(pk=deal_id)
+        if deal.version != expected_version:
+            return deal, False
+        applied = [*deal.applied_operation_ids, operation_id]
+        # Every change bumps the version, so a matching version means `applied` is current.
+        changed = Deal.objects.filter(pk=deal_id, version=expected_version).update(
+            version=F("version") + 1, applied_operation_ids=applied,
+            updated_at=timezone.now(), **patch,
+        )
+        deal.refresh_from_db()
+        if not changed:
+            return deal, False
+        sandbox_webhook_record(
+            provider=Provider.CRM, event_type="deal.updated", obj=deal_json(deal),
+            operation_id=operation_id, extra={"operation_id": operation_id},
+        )
+    return deal, True
+
+
+# --- mail ---------------------------------------------------------------------------------
+
+
+def sandbox_message_create(
+    *, to: str, template: str, params: dict[str, Any], operation_id: str,
+    idempotency_key: str, fingerprint: str,
+) -> tuple[Message, bool]:
+    """(message, created). A known key returns the message it made the first time."""
+    if idempotency_key:
+        existing = Message.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            message = Message.objects.create(
+                to=to, template=template, params=params, operation_id=operation_id,
+                idempotency_key=idempotency_key or None, fingerprint=fingerprint,
+            )
+        return message, True
+    except IntegrityError:
+        # A concurrent request with the same key won the unique constraint.
+        return Message.objects.get(idempotency_key=idempotency_key), False
+
+
+def sandbox_message_deliver(*, message_id: str, status: str = "delivered") -> Message:
+    if status not in {"delivered", "bounced"}:
+        raise ValueError("status is 'delivered' or 'bounced'")
+    with transaction.atomic():
+        changed = Message.objects.filter(pk=message_id, status="queued").update(status=status)
+        if not changed:
+            raise SandboxStateError(f"message {message_id} is not queued")
+        message = Message.objects.get(pk=message_id)
+        sandbox_webhook_record(
+            provider=Provider.MAIL, event_type=f"message.{status}", obj=message_json(message),
+            operation_id=message.operation_id,
+        )
+    return message

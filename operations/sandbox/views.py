@@ -1,0 +1,388 @@
+"""The sandbox providers' HTTP APIs: the same contracts the adapters speak to real providers.
+
+Every request is logged before it is answered and every answer carries a Request-Id, so a test
+can count exactly what reached the provider.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from operations.providers.base import request_fingerprint
+from operations.sandbox import services
+from operations.sandbox.models import (
+    Deal,
+    FaultKind,
+    Message,
+    PaymentIntent,
+    Provider,
+    SandboxRequest,
+    request_id,
+)
+
+SEARCH_CLAUSE = re.compile(r"^\s*metadata\['([A-Za-z0-9_]+)'\]\s*:\s*'([^']*)'\s*$")
+METADATA_PARAM = re.compile(r"^metadata\[([A-Za-z0-9_]+)\]$")
+CURRENCY = re.compile(r"^[A-Za-z]{3}$")
+WRITE_METHODS = frozenset({"POST", "PATCH"})
+# The columns' sizes: a longer value is the client's mistake (400), never our crash (500).
+MAX_LENGTHS = {
+    "Idempotency-Key": 255, "metadata": 500, "name": 200, "owner": 150, "to": 254,
+    "template": 100, "agent_operation_id": 120, "operation_id": 120,
+}
+READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
+WRITE_FAULTS = (
+    FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
+    FaultKind.COMMIT_THEN_DROP, FaultKind.HTTP_500_AFTER_COMMIT,
+)
+
+Params = dict[str, Any]
+View = Callable[..., HttpResponse]
+
+
+def error(status: int, *, type: str, code: str, message: str, **extra: Any) -> JsonResponse:
+    return JsonResponse(
+        {"error": {"type": type, "code": code, "message": message, **extra}}, status=status
+    )
+
+
+def invalid(message: str, *, code: str = "parameter_invalid", param: str = "") -> JsonResponse:
+    return error(400, type="invalid_request_error", code=code, message=message, param=param)
+
+
+def _not_allowed(request: HttpRequest) -> JsonResponse:
+    return error(405, type="invalid_request_error", code="method_not_allowed",
+                 message=f"{request.method} is not allowed here")
+
+
+def _params(request: HttpRequest) -> Params | None:
+    if request.method == "GET":
+        return dict(request.GET.items())
+    if request.content_type == "application/json":
+        try:
+            params = json.loads(request.body or b"{}")
+        except ValueError:
+            return None
+        return params if isinstance(params, dict) else None
+    return dict(request.POST.items())
+
+
+def _operation_id(params: Params) -> str:
+    for name in ("metadata[operation_id]", "agent_operation_id", "operation_id"):
+        value = params.get(name)
+        if isinstance(value, str) and value:
+            return value
+    match = SEARCH_CLAUSE.match(str(params.get("query", "")))
+    if match and match.group(1) == "operation_id":
+        return match.group(2)
+    return ""
+
+
+def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
+    values = [("Idempotency-Key", request.headers.get("Idempotency-Key", ""))]
+    for name, value in params.items():
+        values.append(("metadata" if METADATA_PARAM.match(name) else name, value))
+    for name, value in values:
+        limit = MAX_LENGTHS.get(name)
+        if limit and isinstance(value, str) and len(value) > limit:
+            return invalid(f"{name} is longer than {limit} characters", param=name)
+    return None
+
+
+def _authorized(request: HttpRequest, provider: str) -> bool:
+    expected = f"Bearer {getattr(settings, f'{provider.upper()}_API_KEY')}"
+    return hmac.compare_digest(request.headers.get("Authorization", ""), expected)
+
+
+def _answer(
+    request: HttpRequest, provider: str, view: View, params: Params | None, operation_id: str,
+    kwargs: dict[str, Any],
+) -> HttpResponse:
+    if not _authorized(request, provider):
+        return error(401, type="authentication_error", code="invalid_api_key",
+                     message="Invalid API key provided")
+    if params is None:
+        return invalid("The body is not a JSON object", code="parameter_invalid_json")
+    problem = _too_long(request, params)
+    if problem:
+        return problem
+    kinds = WRITE_FAULTS if request.method in WRITE_METHODS else READ_FAULTS
+    fault = services.sandbox_fault_take(
+        provider=provider, kinds=kinds, operation_ids=[operation_id]
+    )
+    kind = fault.kind if fault else ""
+    if kind == FaultKind.DELAY:
+        time.sleep(services.fault_seconds(fault))
+    elif kind == FaultKind.HTTP_500:
+        return error(500, type="api_error", code="sandbox_fault",
+                     message="An error occurred while processing your request.")
+    elif kind == FaultKind.VALIDATION_ERROR:
+        return invalid("Sandbox fault: the request was refused as invalid",
+                       code="sandbox_validation_error")
+    response = view(request, params, **kwargs)
+    if 200 <= response.status_code < 300:
+        if kind == FaultKind.COMMIT_THEN_DROP:
+            # The write is committed; the client gives up before this answer arrives.
+            time.sleep(services.fault_seconds(fault))
+        elif kind == FaultKind.HTTP_500_AFTER_COMMIT:
+            return error(500, type="api_error", code="sandbox_fault",
+                         message="An error occurred after the change was saved.")
+    return response
+
+
+def endpoint(provider: str) -> Callable[[View], View]:
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            params = _params(request)
+            operation_id = _operation_id(params or {})
+            rid = request_id()
+            # Logged before the work, so a request whose answer is dropped is counted too.
+            log = SandboxRequest.objects.create(
+                provider=provider, method=(request.method or "")[:10], path=request.path[:300],
+                idempotency_key=request.headers.get("Idempotency-Key", "")[:255],
+                operation_id=operation_id[:120],
+                params_hash=request_fingerprint(params) if params is not None else "",
+                request_id=rid,
+            )
+            response = _answer(request, provider, view, params, operation_id, kwargs)
+            SandboxRequest.objects.filter(pk=log.pk).update(response_status=response.status_code)
+            response["Request-Id"] = rid
+            return response
+
+        # Machine-to-machine APIs: authenticated by the Bearer key, not by a session.
+        return csrf_exempt(login_not_required(wrapper))
+
+    return decorate
+
+
+# --- payments (Stripe PaymentIntents subset) ----------------------------------------------
+
+
+def _payment_params(params: Params) -> tuple[dict[str, Any], JsonResponse | None]:
+    metadata: dict[str, str] = {}
+    for name, value in params.items():
+        match = METADATA_PARAM.match(name)
+        if match:
+            metadata[match.group(1)] = str(value)
+        elif name not in {"amount", "currency", "confirm"}:
+            return {}, invalid(f"Received unknown parameter: {name}", code="parameter_unknown",
+                               param=name)
+    try:
+        amount = int(params.get("amount", ""))
+    except ValueError:
+        return {}, invalid("Invalid integer: amount", code="parameter_invalid_integer",
+                           param="amount")
+    if amount <= 0:
+        return {}, invalid("Amount must be positive", code="amount_too_small", param="amount")
+    currency = str(params.get("currency", ""))
+    if not CURRENCY.match(currency):
+        return {}, invalid("Invalid currency", code="parameter_invalid", param="currency")
+    confirm = str(params.get("confirm", "false")).lower()
+    if confirm not in {"true", "false"}:
+        return {}, invalid("Invalid boolean: confirm", param="confirm")
+    return {"amount": amount, "currency": currency.lower(), "metadata": metadata,
+            "confirm": confirm == "true"}, None
+
+
+@endpoint(Provider.PAYMENTS)
+def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
+    if request.method != "POST":
+        return _not_allowed(request)
+    fields, problem = _payment_params(params)
+    key = request.headers.get("Idempotency-Key", "")
+    if not key:
+        if problem:
+            return problem
+        return JsonResponse(services.sandbox_payment_create(**fields))
+    api_key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    record, claimed = services.idempotency_claim(
+        api_key=api_key, key=key, fingerprint=request_fingerprint(params)
+    )
+    if not claimed:
+        if record.fingerprint != request_fingerprint(params):
+            return error(
+                400, type="idempotency_error", code="idempotency_key_reused",
+                message="Keys for idempotent requests can only be used with the same "
+                        "parameters they were first used with.",
+            )
+        if record.response_status is None:
+            return error(
+                409, type="idempotency_error", code="idempotency_key_in_use",
+                message="There is currently another in-progress request using this "
+                        "Idempotent Key. Try again later.",
+            )
+        replay = JsonResponse(record.response_body, status=record.response_status)
+        replay["Idempotent-Replayed"] = "true"
+        return replay
+    if problem:
+        services.idempotency_release(record=record)
+        return problem
+    try:
+        body = services.sandbox_payment_create(**fields, claim=record)
+    except Exception:
+        services.idempotency_release(record=record)
+        raise
+    return JsonResponse(body)
+
+
+@endpoint(Provider.PAYMENTS)
+def payment_intents_search(request: HttpRequest, params: Params) -> HttpResponse:
+    if request.method != "GET":
+        return _not_allowed(request)
+    match = SEARCH_CLAUSE.match(str(params.get("query", "")))
+    if not match:
+        return invalid("Only metadata['field']:'value' queries are supported", param="query")
+    field, value = match.groups()
+    lag = services.sandbox_fault_active(
+        provider=Provider.PAYMENTS, kind=FaultKind.SEARCH_LAG,
+        operation_ids=[value] if field == "operation_id" else [],
+    )
+    intents = services.sandbox_payment_search(
+        field=field, value=value, lag_seconds=float(lag.params.get("seconds", 60)) if lag else 0
+    )
+    return JsonResponse({
+        "object": "search_result",
+        "url": "/v1/payment_intents/search",
+        "has_more": False,
+        "data": [services.payment_intent_json(intent) for intent in intents],
+    })
+
+
+@endpoint(Provider.PAYMENTS)
+def payment_intent(request: HttpRequest, params: Params, intent_id: str) -> HttpResponse:
+    if request.method != "GET":
+        return _not_allowed(request)
+    intent = PaymentIntent.objects.filter(pk=intent_id).first()
+    if intent is None:
+        return error(404, type="invalid_request_error", code="resource_missing",
+                     message=f"No such payment_intent: '{intent_id}'", param="intent")
+    return JsonResponse(services.payment_intent_json(intent))
+
+
+# --- CRM ----------------------------------------------------------------------------------
+
+
+def _deal_fields(params: Params) -> tuple[dict[str, Any], JsonResponse | None]:
+    name = params.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return {}, invalid("name is required", param="name")
+    amount = params.get("amount_minor")
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+        return {}, invalid("amount_minor must be a non-negative integer", param="amount_minor")
+    currency = params.get("currency")
+    if not isinstance(currency, str) or not CURRENCY.match(currency):
+        return {}, invalid("currency must be three letters", param="currency")
+    owner = params.get("owner", "")
+    if not isinstance(owner, str):
+        return {}, invalid("owner must be a string", param="owner")
+    operation_id = params.get("agent_operation_id", "")
+    if not isinstance(operation_id, str):
+        return {}, invalid("agent_operation_id must be a string", param="agent_operation_id")
+    return {"name": name, "amount_minor": amount, "currency": currency.upper(), "owner": owner,
+            "agent_operation_id": operation_id}, None
+
+
+@endpoint(Provider.CRM)
+def deals(request: HttpRequest, params: Params) -> HttpResponse:
+    if request.method == "GET":
+        found = Deal.objects.all()
+        if "agent_operation_id" in params:
+            found = found.filter(agent_operation_id=params["agent_operation_id"])
+        return JsonResponse({"data": [services.deal_json(deal) for deal in found[:100]]})
+    if request.method != "POST":
+        return _not_allowed(request)
+    fields, problem = _deal_fields(params)
+    if problem:
+        return problem
+    return JsonResponse(services.deal_json(services.sandbox_deal_create(**fields)), status=201)
+
+
+@endpoint(Provider.CRM)
+def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
+    current = Deal.objects.filter(pk=deal_id).first()
+    if current is None:
+        return error(404, type="invalid_request_error", code="resource_missing",
+                     message=f"No such deal: '{deal_id}'")
+    if request.method == "GET":
+        return JsonResponse(services.deal_json(current))
+    if request.method != "PATCH":
+        return _not_allowed(request)
+    expected = params.get("expected_version")
+    patch = params.get("patch")
+    operation_id = params.get("agent_operation_id", "")
+    if not isinstance(expected, int) or isinstance(expected, bool):
+        return invalid("expected_version must be an integer", param="expected_version")
+    if not isinstance(patch, dict) or not patch or set(patch) - services.DEAL_PATCHABLE:
+        return invalid(
+            f"patch must change some of {', '.join(sorted(services.DEAL_PATCHABLE))}",
+            param="patch",
+        )
+    if not isinstance(operation_id, str):
+        return invalid("agent_operation_id must be a string", param="agent_operation_id")
+    updated, applied = services.sandbox_deal_update(
+        deal_id=deal_id, expected_version=expected, patch=patch, operation_id=operation_id
+    )
+    if not applied:
+        return error(
+            409, type="invalid_request_error", code="version_conflict",
+            message=f"deal {deal_id} is at version {updated.version}, not {expected}",
+            current_version=updated.version, current=services.deal_json(updated),
+        )
+    return JsonResponse(services.deal_json(updated))
+
+
+# --- mail ---------------------------------------------------------------------------------
+
+
+@endpoint(Provider.MAIL)
+def messages(request: HttpRequest, params: Params) -> HttpResponse:
+    if request.method == "GET":
+        found = Message.objects.all()
+        if "idempotency_key" in params:
+            found = found.filter(idempotency_key=params["idempotency_key"])
+        return JsonResponse({"data": [services.message_json(m) for m in found[:100]]})
+    if request.method != "POST":
+        return _not_allowed(request)
+    to, template = params.get("to"), params.get("template")
+    template_params = params.get("params", {})
+    if not isinstance(to, str) or "@" not in to:
+        return invalid("to must be an email address", param="to")
+    if not isinstance(template, str) or not template:
+        return invalid("template is required", param="template")
+    if not isinstance(template_params, dict):
+        return invalid("params must be an object", param="params")
+    key = request.headers.get("Idempotency-Key", "")
+    fingerprint = request_fingerprint(params)
+    message, _created = services.sandbox_message_create(
+        to=to, template=template, params=template_params,
+        operation_id=str(params.get("operation_id", "")), idempotency_key=key,
+        fingerprint=fingerprint,
+    )
+    if key and message.fingerprint != fingerprint:
+        return error(
+            400, type="idempotency_error", code="idempotency_key_reused",
+            message="This idempotency key was used with other parameters.",
+        )
+    return JsonResponse(services.message_json(message), status=202)
+
+
+@endpoint(Provider.MAIL)
+def message(request: HttpRequest, params: Params, message_id: str) -> HttpResponse:
+    if request.method != "GET":
+        return _not_allowed(request)
+    found = Message.objects.filter(pk=message_id).first()
+    if found is None:
+        return error(404, type="invalid_request_error", code="resource_missing",
+                     message=f"No such message: '{message_id}'")
+    return JsonResponse(services.message_json(found))

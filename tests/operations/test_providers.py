@@ -1,0 +1,349 @@
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from operations.providers import adapter_for, provider_for, webhook_verifier_for
+from operations.providers.base import (
+    CallOutcome,
+    LookupMethod,
+    LookupOutcome,
+    WebhookSignatureError,
+)
+from operations.providers.signing import hmac_signature_header, stripe_signature_header
+from operations.sandbox.models import Deal, Message, PaymentIntent
+from operations.sandbox.services import (
+    sandbox_fault_set,
+    sandbox_message_deliver,
+    sandbox_writes,
+)
+from tests.operations.providers_support import payment, sandbox, snapshot
+
+__all__ = ["sandbox"]
+
+PAYMENTS = adapter_for("payments.create")
+
+
+def test_it_maps_actions_to_adapters_and_providers():
+    assert provider_for("payments.create") == "payments"
+    assert provider_for("crm.create_deal") == provider_for("crm.update_deal") == "crm"
+    assert provider_for("mail.send") == "mail"
+    assert PAYMENTS.contract.lookup_methods == (
+        LookupMethod.EXTERNAL_ID, LookupMethod.UNIQUE_FIELD
+    )
+    assert not adapter_for("crm.create_deal").contract.same_key_retry_safe
+    with pytest.raises(KeyError):
+        adapter_for("payments.refund")
+    with pytest.raises(KeyError):
+        webhook_verifier_for("sms")
+
+
+def test_it_creates_retrieves_and_searches_a_payment(sandbox):
+    op = payment()
+    result = PAYMENTS.call(op)
+
+    assert result.outcome is CallOutcome.SUCCEEDED
+    assert result.external_id.startswith("pi_")
+    assert result.http_status == 200
+    assert result.provider_request_id.startswith("req_")
+    intent = PaymentIntent.objects.get()
+    assert intent.amount == 12_500 and intent.currency == "eur"
+    assert intent.metadata == {"operation_id": op.id, "tenant": "acme", "invoice_id": "inv_42",
+                               "beneficiary_id": "ben_7"}
+    # The hash we record is the hash of what the provider received.
+    assert sandbox_writes(provider="payments").get().params_hash == result.request_hash
+
+    by_id = PAYMENTS.lookup(replace(op, external_id=result.external_id))
+    assert (by_id.outcome, by_id.method, by_id.status) == (
+        LookupOutcome.FOUND, LookupMethod.EXTERNAL_ID, CallOutcome.SUCCEEDED
+    )
+    by_search = PAYMENTS.lookup(op)
+    assert (by_search.outcome, by_search.method, by_search.external_id) == (
+        LookupOutcome.FOUND, LookupMethod.UNIQUE_FIELD, result.external_id
+    )
+    assert PAYMENTS.lookup(payment()).outcome is LookupOutcome.ABSENT
+    gone = PAYMENTS.lookup(replace(op, external_id="pi_doesnotexist"))
+    assert gone.outcome is LookupOutcome.ABSENT and gone.http_status == 404
+    assert PaymentIntent.objects.count() == 1
+
+
+def test_it_makes_one_payment_when_the_same_key_is_sent_twice(sandbox):
+    op = payment()
+    first = PAYMENTS.call(op)
+    second = PAYMENTS.call(op)
+
+    assert first.outcome is second.outcome is CallOutcome.SUCCEEDED
+    assert second.external_id == first.external_id
+    assert second.request_hash == first.request_hash
+    assert PaymentIntent.objects.count() == 1
+    writes = sandbox_writes(provider="payments").filter(idempotency_key=op.idempotency_key)
+    assert writes.count() == 2
+
+
+def test_it_is_unknown_when_the_same_key_comes_with_other_params(sandbox):
+    op = payment()
+    PAYMENTS.call(op)
+    changed = replace(op, payload={**op.payload, "amount_minor": 99_900})
+
+    result = PAYMENTS.call(changed)
+
+    assert result.outcome is CallOutcome.UNKNOWN
+    assert result.error_class == "idempotency_error"
+    assert result.http_status == 400
+    assert PaymentIntent.objects.count() == 1
+    assert PaymentIntent.objects.get().amount == 12_500
+
+
+def test_it_is_unknown_after_commit_then_drop_yet_one_payment_exists_and_is_found(sandbox):
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", seconds=1.5)
+    op = payment()
+
+    started = time.monotonic()
+    result = PAYMENTS.call(op)
+
+    assert time.monotonic() - started < 1.5
+    assert result.outcome is CallOutcome.UNKNOWN
+    assert result.error_class == "timeout"
+    assert result.external_id == "" and result.http_status is None
+    assert PaymentIntent.objects.count() == 1
+    found = PAYMENTS.lookup(op)
+    assert found.outcome is LookupOutcome.FOUND
+    assert found.external_id == PaymentIntent.objects.get().id
+    # A same-key retry is answered from the saved response: still one payment.
+    retry = PAYMENTS.call(op)
+    assert retry.outcome is CallOutcome.SUCCEEDED and retry.external_id == found.external_id
+    assert PaymentIntent.objects.count() == 1
+    assert sandbox_writes(provider="payments", operation_id=op.id).count() == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "outcome", "error_class", "payments_made"),
+    [
+        ("http_500", CallOutcome.UNKNOWN, "http_5xx", 0),
+        ("http_500_after_commit", CallOutcome.UNKNOWN, "http_5xx", 1),
+        ("validation_error", CallOutcome.FAILED, "validation", 0),
+    ],
+)
+def test_it_maps_provider_errors(sandbox, kind, outcome, error_class, payments_made):
+    op = payment()
+    sandbox_fault_set(provider="payments", kind=kind, match=op.id)
+
+    result = PAYMENTS.call(op)
+
+    assert (result.outcome, result.error_class) == (outcome, error_class)
+    assert result.provider_request_id.startswith("req_")
+    assert PaymentIntent.objects.count() == payments_made
+    # The key was not spent by a request that did nothing: the retry makes exactly one.
+    assert PAYMENTS.call(op).outcome is CallOutcome.SUCCEEDED
+    assert PaymentIntent.objects.count() == 1
+
+
+def test_it_is_unknown_on_connection_refused(settings):
+    settings.PAYMENTS_API_BASE = "http://127.0.0.1:9/sandbox/payments"
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
+    result = PAYMENTS.call(payment())
+    assert (result.outcome, result.error_class) == (CallOutcome.UNKNOWN, "connection")
+    lookup = PAYMENTS.lookup(payment())
+    assert lookup.outcome is LookupOutcome.INCONCLUSIVE
+    assert lookup.retry_after == timedelta(seconds=30)
+
+
+def test_it_is_inconclusive_inside_the_search_lag_then_found(sandbox, settings):
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 1.5
+    sandbox_fault_set(provider="payments", kind="search_lag", seconds=1.5)
+    op = payment()
+    called_at = timezone.now()
+    created = PAYMENTS.call(op)
+    op = replace(op, last_call_at=called_at)
+
+    early = PAYMENTS.lookup(op)
+
+    assert early.outcome is LookupOutcome.INCONCLUSIVE
+    assert early.reason == "search inside the provider's lag window"
+    assert timedelta(0) < early.retry_after <= timedelta(seconds=1.5)
+    time.sleep(early.retry_after.total_seconds() + 0.3)
+    late = PAYMENTS.lookup(op)
+    assert late.outcome is LookupOutcome.FOUND
+    assert late.external_id == created.external_id
+    assert PaymentIntent.objects.count() == 1
+
+
+def test_it_never_picks_one_of_several_payments(sandbox):
+    op = payment()
+    PAYMENTS.call(op)
+    PAYMENTS.call(replace(op, idempotency_key="another-key"))
+
+    result = PAYMENTS.lookup(op)
+
+    assert result.outcome is LookupOutcome.INCONCLUSIVE
+    assert result.reason == "2 payments carry this operation id"
+    assert len(result.matches) == 2 and result.external_id == ""
+    assert PaymentIntent.objects.count() == 2
+
+
+def test_it_makes_one_payment_when_eight_threads_send_the_same_key(sandbox):
+    op = payment()
+    barrier = threading.Barrier(8)
+    results = []
+
+    def send() -> None:
+        barrier.wait()
+        results.append(PAYMENTS.call(op))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert PaymentIntent.objects.count() == 1
+    assert sandbox_writes(provider="payments", operation_id=op.id).count() == 8
+    intent_id = PaymentIntent.objects.get().id
+    for result in results:
+        if result.outcome is CallOutcome.SUCCEEDED:
+            assert result.external_id == intent_id
+        else:
+            assert (result.outcome, result.error_class) == (
+                CallOutcome.UNKNOWN, "concurrent_request"
+            )
+    assert len(results) == 8
+
+
+def test_it_finds_a_crm_deal_by_agent_operation_id(sandbox):
+    adapter = adapter_for("crm.create_deal")
+    op = snapshot("crm.create_deal", {"name": "Acme renewal", "amount_minor": 500_000,
+                                      "currency": "eur", "owner": "dana"})
+    assert adapter.lookup(op).outcome is LookupOutcome.ABSENT
+
+    result = adapter.call(op)
+
+    assert result.outcome is CallOutcome.SUCCEEDED and result.http_status == 201
+    found = adapter.lookup(op)
+    assert (found.outcome, found.status, found.external_id) == (
+        LookupOutcome.FOUND, CallOutcome.SUCCEEDED, result.external_id
+    )
+    assert Deal.objects.get().agent_operation_id == op.id
+
+
+def test_it_is_inconclusive_without_retry_when_two_deals_carry_the_operation(sandbox):
+    adapter = adapter_for("crm.create_deal")
+    op = snapshot("crm.create_deal", {"name": "Acme renewal", "amount_minor": 500_000,
+                                      "currency": "EUR", "owner": "dana"})
+    adapter.call(op)
+    adapter.call(op)  # the CRM takes no key: a blind resend duplicates
+
+    result = adapter.lookup(op)
+
+    assert Deal.objects.filter(agent_operation_id=op.id).count() == 2
+    assert result.outcome is LookupOutcome.INCONCLUSIVE
+    assert result.reason == "data incident: 2 deals carry agent_operation_id"
+    assert result.retry_after is None
+    assert len(result.matches) == 2
+
+
+def test_it_reports_a_crm_version_conflict_with_the_current_record(sandbox):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    adapter = adapter_for("crm.update_deal")
+    first = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1,
+                                         "patch": {"stage": "won"}})
+    stale = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1,
+                                         "patch": {"amount_minor": 999}})
+    assert adapter.lookup(first).outcome is LookupOutcome.ABSENT
+
+    applied = adapter.call(first)
+    conflict = adapter.call(stale)
+
+    assert applied.outcome is CallOutcome.SUCCEEDED and applied.result["version"] == 2
+    assert conflict.outcome is CallOutcome.CONFLICT
+    assert conflict.http_status == 409
+    assert conflict.result["current_version"] == 2
+    assert conflict.result["current"]["stage"] == "won"
+    deal.refresh_from_db()
+    assert (deal.version, deal.amount_minor, deal.applied_operation_ids) == (2, 100, [first.id])
+    assert adapter.lookup(first).status is CallOutcome.SUCCEEDED
+    assert adapter.lookup(stale).outcome is LookupOutcome.ABSENT
+    assert Deal.objects.count() == 1
+
+
+def test_it_sends_mail_once_per_key_and_follows_delivery(sandbox):
+    adapter = adapter_for("mail.send")
+    op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                "params": {"invoice": "inv_42"}})
+    assert adapter.lookup(op).outcome is LookupOutcome.ABSENT
+
+    first = adapter.call(op)
+    again = adapter.call(op)
+
+    assert first.outcome is again.outcome is CallOutcome.ACCEPTED
+    assert first.http_status == 202 and again.external_id == first.external_id
+    assert Message.objects.count() == 1
+    assert adapter.lookup(op).status is CallOutcome.ACCEPTED
+    sandbox_message_deliver(message_id=first.external_id)
+    assert adapter.lookup(op).status is CallOutcome.SUCCEEDED
+    other = adapter.call(replace(op, payload={**op.payload, "to": "ceo@acme.test"}))
+    assert (other.outcome, other.error_class) == (CallOutcome.UNKNOWN, "idempotency_error")
+    assert Message.objects.count() == 1
+
+
+def _stripe_event(op_id: str, event_type: str = "payment_intent.succeeded") -> bytes:
+    return json.dumps({
+        "id": "evt_1", "object": "event", "type": event_type, "created": int(time.time()),
+        "data": {"object": {"id": "pi_1", "status": "succeeded", "amount": 100,
+                            "currency": "eur", "metadata": {"operation_id": op_id}}},
+    }).encode()
+
+
+def test_it_refuses_payment_webhooks_with_a_bad_or_old_signature(settings):
+    verifier = webhook_verifier_for("payments")
+    body = _stripe_event("op_1")
+    good = stripe_signature_header(secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body)
+    for header in (
+        stripe_signature_header(secret="whsec_wrong", body=body),
+        stripe_signature_header(secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body,
+                                timestamp=int(time.time()) - 301),
+        "",
+    ):
+        with pytest.raises(WebhookSignatureError):
+            verifier.parse_webhook(headers={"Stripe-Signature": header}, body=body)
+    with pytest.raises(WebhookSignatureError):
+        verifier.parse_webhook(headers={"Stripe-Signature": good}, body=body + b" ")
+
+    facts = verifier.parse_webhook(headers={"stripe-signature": good}, body=body)
+
+    assert (facts.event_id, facts.event_type, facts.operation_id, facts.external_id,
+            facts.status) == ("evt_1", "payment_intent.succeeded", "op_1", "pi_1",
+                              CallOutcome.SUCCEEDED)
+    assert facts.created_at is not None
+
+
+@pytest.mark.parametrize(
+    ("provider", "header", "event_type", "status"),
+    [
+        ("crm", "X-CRM-Signature", "deal.updated", CallOutcome.SUCCEEDED),
+        ("mail", "X-Mail-Signature", "message.bounced", CallOutcome.FAILED),
+    ],
+)
+def test_it_verifies_hmac_signed_webhooks(settings, provider, header, event_type, status):
+    secret = getattr(settings, f"{provider.upper()}_WEBHOOK_SECRET")
+    body = json.dumps({
+        "id": "evt_2", "type": event_type, "created": 1_700_000_000, "operation_id": "op_2",
+        "data": {"object": {"id": "obj_1", "operation_id": "op_2",
+                            "agent_operation_id": "op_2"}},
+    }).encode()
+    verifier = webhook_verifier_for(provider)
+    with pytest.raises(WebhookSignatureError):
+        verifier.parse_webhook(headers={header: "sha256=" + "0" * 64}, body=body)
+
+    facts = verifier.parse_webhook(
+        headers={header: hmac_signature_header(secret=secret, body=body)}, body=body
+    )
+
+    assert (facts.event_id, facts.operation_id, facts.external_id, facts.status) == (
+        "evt_2", "op_2", "obj_1", status
+    )

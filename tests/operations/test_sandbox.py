@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from operations.providers import adapter_for, webhook_verifier_for
+from operations.providers.base import CallOutcome, request_fingerprint
+from operations.sandbox.models import IdempotencyRecord, PaymentIntent, SandboxFault
+from operations.sandbox.services import (
+    SandboxStateError,
+    sandbox_counts,
+    sandbox_fault_clear,
+    sandbox_fault_set,
+    sandbox_payment_settle,
+    sandbox_requests,
+    sandbox_webhooks_deliver,
+)
+from tests.operations.providers_support import payment, sandbox
+
+__all__ = ["sandbox"]
+
+PAYMENTS = adapter_for("payments.create")
+
+
+class Receiver:
+    """A stand-in for the console's webhook endpoint that keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, str], bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.received.append((self.path, dict(self.headers.items()), body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def facts(self, provider: str) -> list:
+        verifier = webhook_verifier_for(provider)
+        return [verifier.parse_webhook(headers=headers, body=body)
+                for path, headers, body in self.received if path == f"/webhooks/{provider}/"]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    receiver = Receiver()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+def test_it_refuses_a_wrong_key_and_stamps_every_answer_with_a_request_id(sandbox):
+    wrong = httpx.post(f"{sandbox}/payments/v1/payment_intents",
+                       headers={"Authorization": "Bearer sk_wrong"},
+                       data={"amount": "100", "currency": "eur"})
+    missing = httpx.get(f"{sandbox}/crm/deals/deal_nope",
+                        headers={"Authorization": "Bearer crm_sandbox_key"})
+
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["type"] == "authentication_error"
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "resource_missing"
+    assert wrong.headers["Request-Id"].startswith("req_")
+    assert missing.headers["Request-Id"] != wrong.headers["Request-Id"]
+    assert PaymentIntent.objects.count() == 0
+    logged = list(sandbox_requests().values_list("provider", "method", "response_status"))
+    assert logged == [("payments", "POST", 401), ("crm", "GET", 404)]
+
+
+def test_it_answers_409_while_the_same_key_is_in_flight(sandbox, settings):
+    op = payment()
+    params = PAYMENTS.params(op)
+    IdempotencyRecord.objects.create(
+        api_key=settings.PAYMENTS_API_KEY, key=op.idempotency_key,
+        fingerprint=request_fingerprint(params), created_at=timezone.now(),
+    )
+
+    result = PAYMENTS.call(op)
+
+    assert (result.outcome, result.error_class, result.http_status) == (
+        CallOutcome.UNKNOWN, "concurrent_request", 409
+    )
+    assert PaymentIntent.objects.count() == 0
+
+
+def test_it_takes_each_fault_once_and_only_for_its_operation(sandbox):
+    target, bystander = payment(), payment()
+    sandbox_fault_set(provider="payments", kind="http_500", match=target.id, times=2)
+
+    assert PAYMENTS.call(bystander).outcome is CallOutcome.SUCCEEDED
+    assert PAYMENTS.call(target).error_class == "http_5xx"
+    assert PAYMENTS.call(target).error_class == "http_5xx"
+    assert PAYMENTS.call(target).outcome is CallOutcome.SUCCEEDED
+
+    assert PaymentIntent.objects.count() == 2
+    statuses = list(sandbox_requests(operation_id=target.id).values_list(
+        "response_status", flat=True))
+    assert statuses == [500, 500, 200]
+    assert SandboxFault.objects.get().remaining == 0
+
+
+def test_it_settles_a_processing_payment_and_delivers_signed_webhooks(
+    sandbox, settings, receiver
+):
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1_000
+    op = payment(amount_minor=5_000)
+    accepted = PAYMENTS.call(op)
+    assert accepted.outcome is CallOutcome.ACCEPTED
+    assert accepted.result["status"] == "processing"
+
+    sandbox_payment_settle(payment_intent_id=accepted.external_id)
+    with pytest.raises(SandboxStateError):
+        sandbox_payment_settle(payment_intent_id=accepted.external_id)
+    sandbox_fault_set(provider="payments", kind="duplicate_webhook")
+    sent = sandbox_webhooks_deliver(target_base_url=receiver.url)
+
+    facts = receiver.facts("payments")
+    assert sent == 3
+    assert [f.event_type for f in facts] == [
+        "payment_intent.processing", "payment_intent.processing", "payment_intent.succeeded"
+    ]
+    assert facts[0].event_id == facts[1].event_id
+    assert {f.operation_id for f in facts} == {op.id}
+    assert facts[-1].status is CallOutcome.SUCCEEDED
+    assert PAYMENTS.lookup(op).status is CallOutcome.SUCCEEDED
+    assert sandbox_counts()["payment_intents"] == 1
+    assert sandbox_counts()["webhooks_undelivered"] == 0
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 0
+
+
+def test_it_holds_back_and_reorders_webhooks(sandbox, settings, receiver):
+    first, second = payment(), payment()
+    PAYMENTS.call(first)
+    PAYMENTS.call(second)
+    sandbox_fault_set(provider="payments", kind="out_of_order_webhooks")
+    sandbox_fault_set(provider="payments", kind="late_webhook", match=second.id)
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 1
+    assert [f.operation_id for f in receiver.facts("payments")] == [first.id]
+    PAYMENTS.call(payment())  # a later event overtakes the held one
+    sandbox_fault_set(provider="payments", kind="out_of_order_webhooks")
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
+
+    order = [f.operation_id for f in receiver.facts("payments")]
+    assert order[0] == first.id and order[2] == second.id
+    assert len(order) == 3 and PaymentIntent.objects.count() == 3
+
+
+def test_it_switches_faults_from_the_command_line(db):
+    call_command("sandbox_fault", "payments", "commit_then_drop", "--match", "op_x",
+                 "--times", "2", "--seconds", "3")
+
+    fault = SandboxFault.objects.get()
+    assert (fault.provider, fault.kind, fault.match, fault.remaining, fault.params) == (
+        "payments", "commit_then_drop", "op_x", 2, {"seconds": 3.0}
+    )
+    call_command("sandbox_fault", "payments", "clear")
+    assert SandboxFault.objects.count() == 0
+    with pytest.raises(ValueError):
+        sandbox_fault_set(provider="payments", kind="meteor_strike")
+    assert sandbox_fault_clear() == 0
+
+
+def test_it_keeps_search_lag_on_until_cleared(sandbox):
+    sandbox_fault_set(provider="payments", kind="search_lag", seconds=60)
+    op = payment()
+    PAYMENTS.call(op)
+    search = f"{sandbox}/payments/v1/payment_intents/search"
+    headers = {"Authorization": "Bearer sk_test_sandbox"}
+    query = {"query": f"metadata['operation_id']:'{op.id}'"}
+
+    for _ in range(2):
+        assert httpx.get(search, params=query, headers=headers).json()["data"] == []
+    sandbox_fault_clear(provider="payments", kind="search_lag")
+    found = httpx.get(search, params=query, headers=headers).json()["data"]
+
+    assert [intent["metadata"]["operation_id"] for intent in found] == [op.id]
+    bad = httpx.get(search, params={"query": "amount>0"}, headers=headers)
+    assert bad.status_code == 400 and json.loads(bad.content)["error"]["param"] == "query"
+
+
+def test_it_forgets_a_payment_key_after_24_hours_as_stripe_does(sandbox):
+    op = payment()
+    first = PAYMENTS.call(op)
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+
+    again = PAYMENTS.call(op)
+
+    assert again.outcome is CallOutcome.SUCCEEDED
+    assert again.external_id != first.external_id
+    assert PaymentIntent.objects.count() == 2
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_it_refuses_overlong_values_with_400_not_500(sandbox):
+    result = PAYMENTS.call(payment(idempotency_key="k" * 256))
+
+    assert (result.outcome, result.error_class, result.http_status) == (
+        CallOutcome.FAILED, "validation", 400
+    )
+    assert "Idempotency-Key" in result.error_message
+    assert PaymentIntent.objects.count() == 0

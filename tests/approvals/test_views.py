@@ -272,3 +272,24 @@ def test_it_counts_per_status(acme, approver, prepare_payment):
     response = _client(approver).get(reverse("approvals:queue"))
     counts = {status: n for status, _, n in response.context["counts"]}
     assert counts["pending"] == 1 and counts["approved"] == 0
+
+
+def test_it_tells_an_approver_the_approval_expired_and_records_the_attempt(
+    acme, approver, prepare_payment, no_execute
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    approval = prepare_payment(acme)
+    Approval.objects.filter(id=approval.id).update(
+        expires_at=timezone.now() - timedelta(seconds=5)
+    )
+    response = _client(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert "This approval expired at" in html
+    assert 'data-status="expired"' in html
+    assert AuditEvent.objects.filter(
+        action="approval.approve_refused", object_id=approval.id
+    ).exists()
+    assert no_execute == []

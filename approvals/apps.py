@@ -5,3 +5,11 @@ from django.apps import AppConfig
 
 class ApprovalsConfig(AppConfig):
     name = "approvals"
+
+    def ready(self) -> None:
+        from approvals.receivers import on_operation_prepared
+        from operations.signals import operation_prepared
+
+        operation_prepared.connect(
+            on_operation_prepared, dispatch_uid="approvals.on_operation_prepared"
+        )

@@ -164,6 +164,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "task": "operations.sweep_operations",
         "schedule": float(os.environ.get("OPERATION_SWEEP_SECONDS", "5")),
     },
+    "expire-approvals": {
+        "task": "approvals.expire_overdue",
+        "schedule": 30.0,
+    },
 }
 
 # The engine's timing. A lease must outlast the provider timeout, or a slow answer would be

@@ -16,6 +16,7 @@ urlpatterns = [
     path("audit.csv", views.audit_csv, name="audit_csv"),
     path("operations/", include("operations.urls")),
     path("webhooks/", include("operations.webhooks")),
+    path("approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
 ]
 

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from django import forms
+
+from approvals.selectors import QueueFilters
+from operations.models import Action
+
+
+class QueueFilterForm(forms.Form):
+    tenant = forms.ChoiceField(required=False)
+    action = forms.ChoiceField(
+        required=False, choices=[("", "All actions"), *Action.choices]
+    )
+    cursor = forms.CharField(required=False, widget=forms.HiddenInput, max_length=200)
+
+    def __init__(self, data, *, tenants, **kwargs):
+        super().__init__(data, **kwargs)
+        self.fields["tenant"].choices = [("", "All tenants")] + [
+            (t.slug, t.name) for t in tenants
+        ]
+
+    def filters(self) -> QueueFilters:
+        # A tenant the user cannot see is not a choice, but it must still narrow the list
+        # (to nothing) rather than silently widen it; the selector only holds visible rows.
+        return QueueFilters(
+            tenant=str(self.data.get("tenant", "")).strip()[:50],
+            action=str(self.data.get("action", "")).strip()[:40],
+        )
+
+
+class ApproveForm(forms.Form):
+    comment = forms.CharField(required=False, widget=forms.Textarea, max_length=2000)
+
+
+class RejectForm(forms.Form):
+    reason = forms.CharField(required=True, widget=forms.Textarea, max_length=2000)

@@ -1,0 +1,111 @@
+"""Reads of approvals, always filtered by the tenants the user may see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404
+from django.utils.dateparse import parse_datetime
+
+from approvals.models import Approval, ApprovalStatus
+from operations.selectors import tenants_for_user
+
+P = ApprovalStatus
+# Seeing the queue needs either permission: auditors see it, approvers act on it.
+QUEUE_PERMS = ("view_tenant", "approve_intents")
+
+
+def queue_tenant_ids(user) -> set[int]:
+    ids: set[int] = set()
+    for perm in QUEUE_PERMS:
+        ids.update(tenants_for_user(user, perm).values_list("id", flat=True))
+    return ids
+
+
+def approval_for_user(user, approval_id: str, perm: str) -> Approval:
+    """The approval if the user holds `perm` on its tenant: 404 if the tenant is not
+    visible to them at all, 403 if it is visible but the permission is missing."""
+    approval = (
+        Approval.objects.select_related(
+            "operation", "operation__tenant", "operation__run", "operation__supersedes",
+            "decided_by", "superseded_by",
+        )
+        .filter(id=approval_id)
+        .first()
+    )
+    if approval is None or approval.operation.tenant_id not in queue_tenant_ids(user):
+        raise Http404("No such approval.")
+    if not tenants_for_user(user, perm).filter(id=approval.operation.tenant_id).exists():
+        raise PermissionDenied(
+            f"You may see this tenant's approvals but not act on them ({perm} is needed)."
+        )
+    return approval
+
+
+@dataclass(frozen=True)
+class QueueFilters:
+    tenant: str = ""
+    action: str = ""
+
+
+def approvals_for_user(user, *, filters: QueueFilters) -> QuerySet[Approval]:
+    qs = Approval.objects.filter(operation__tenant_id__in=queue_tenant_ids(user))
+    if filters.tenant:
+        qs = qs.filter(operation__tenant__slug=filters.tenant)
+    if filters.action:
+        qs = qs.filter(operation__action=filters.action)
+    return qs.select_related(
+        "operation", "operation__tenant", "operation__run", "operation__supersedes",
+        "decided_by", "superseded_by",
+    )
+
+
+def approval_counts(qs: QuerySet[Approval]) -> list[tuple[str, str, int]]:
+    counts = dict(qs.order_by().values_list("status").annotate(n=Count("id")))
+    return [(status, label, counts.get(status, 0)) for status, label in P.choices]
+
+
+def _cursor_for(approval: Approval) -> str:
+    if approval.status == P.PENDING:
+        return f"p|{approval.expires_at.isoformat()}|{approval.id}"
+    return f"d|{approval.decided_at.isoformat()}|{approval.id}"
+
+
+def _parse_cursor(cursor: str) -> tuple[str, datetime | None, str]:
+    segment, _, rest = (cursor or "").partition("|")
+    moment, _, last_id = rest.partition("|")
+    when = parse_datetime(moment) if moment else None
+    if segment not in ("p", "d") or when is None or not last_id:
+        return "", None, ""
+    return segment, when, last_id
+
+
+def approvals_queue_page(
+    qs: QuerySet[Approval], *, cursor: str = "", size: int = 20
+) -> tuple[list[Approval], str | None]:
+    """Pending first, soonest to expire first; then recent decisions, newest first.
+
+    Keyset pagination over both segments: the cursor is the last row's (segment, time, id),
+    so a page costs the same at any depth and a refresh of one page keeps its place.
+    """
+    segment, when, last_id = _parse_cursor(cursor)
+    rows: list[Approval] = []
+    if segment in ("", "p"):
+        pending = qs.filter(status=P.PENDING).order_by("expires_at", "id")
+        if segment == "p":
+            pending = pending.filter(
+                Q(expires_at__gt=when) | Q(expires_at=when, id__gt=last_id)
+            )
+        rows = list(pending[: size + 1])
+    if len(rows) <= size:
+        decided = qs.exclude(status=P.PENDING).order_by("-decided_at", "-id")
+        if segment == "d":
+            decided = decided.filter(
+                Q(decided_at__lt=when) | Q(decided_at=when, id__lt=last_id)
+            )
+        rows += list(decided[: size + 1 - len(rows)])
+    page = rows[:size]
+    return page, (_cursor_for(page[-1]) if len(rows) > size else None)

@@ -1,0 +1,279 @@
+"""Writes on approvals. Every status change is a conditional UPDATE from `pending`, checked
+for one row, and commits together with its audit row. Refusals raise `ApprovalRefused` and
+are audited in their own transaction, so the attempt is on record though nothing changed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.models import Approval, ApprovalStatus
+from operations.engine import AuthorizationRefused, operation_authorize, operation_cancel
+from operations.models import Operation, Tenant
+from operations.policy import policy_for, policy_version_current
+from operations.selectors import tenants_for_user
+from operations.services import audit_event_record
+from operations.tasks import execute_on_commit
+
+P = ApprovalStatus
+
+
+class ApprovalRefused(Exception):
+    """A decision that was not taken; the message is meant for the person who tried."""
+
+    def __init__(self, message: str, *, code: str = "refused"):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return "an unknown time"
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _decided_message(approval: Approval) -> str:
+    who = approval.decided_by.username if approval.decided_by_id else "the system"
+    if approval.status == P.SUPERSEDED:
+        return (
+            f"This intent was superseded by a changed one ({approval.superseded_by_id}) at "
+            f"{_when(approval.decided_at)}; review and approve the new intent instead."
+        )
+    if approval.status == P.EXPIRED:
+        return (
+            f"This approval expired at {_when(approval.expires_at)}; nothing was approved. "
+            "The agent must request a new approval."
+        )
+    return f"Already {approval.status} by {who} at {_when(approval.decided_at)}."
+
+
+def _may(user, perm: str, tenant_id: int) -> bool:
+    return tenants_for_user(user, perm).filter(id=tenant_id).exists()
+
+
+def _audit(
+    *, actor, action: str, approval: Approval, tenant: Tenant, reason: str = "",
+    before: dict | None = None, after: dict | None = None,
+) -> None:
+    audit_event_record(
+        actor=actor, action=action, tenant=tenant, object_type="approval",
+        object_id=approval.id, reason=reason, before=before,
+        after={"operation": approval.operation_id, **(after or {})},
+    )
+
+
+def approval_request(*, operation: Operation, supersedes: Operation | None = None) -> Approval:
+    """Ask a person to approve this intent; a changed intent supersedes the old request."""
+    supersedes = supersedes or operation.supersedes
+    policy = policy_for(operation.action)
+    with transaction.atomic():
+        approval = Approval.objects.create(
+            operation=operation,
+            payload_hash=operation.payload_hash,
+            policy_version=operation.policy_version,
+            expires_at=timezone.now() + policy.approval_ttl,
+        )
+        _audit(
+            actor=None, action="approval.request", approval=approval, tenant=operation.tenant,
+            after={
+                "status": P.PENDING,
+                "payload_hash": approval.payload_hash,
+                "policy_version": approval.policy_version,
+                "expires_at": approval.expires_at.isoformat(),
+                "supersedes": supersedes.id if supersedes else None,
+            },
+        )
+        if supersedes is not None:
+            old = (
+                Approval.objects.filter(operation=supersedes, status=P.PENDING)
+                .values_list("id", flat=True)
+                .first()
+            )
+            if old is not None:
+                approval_supersede(approval_id=old, new_approval=approval)
+    return approval
+
+
+def approval_supersede(*, approval_id: str, new_approval: Approval) -> bool:
+    """Mark a pending approval unusable because its intent changed; True when this call won."""
+    with transaction.atomic():
+        won = (
+            Approval.objects.filter(id=approval_id, status=P.PENDING).update(
+                status=P.SUPERSEDED, superseded_by=new_approval, decided_at=timezone.now()
+            )
+            == 1
+        )
+        if won:
+            approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
+            _audit(
+                actor=None, action="approval.supersede", approval=approval,
+                tenant=approval.operation.tenant, before={"status": P.PENDING},
+                after={"status": P.SUPERSEDED, "superseded_by": new_approval.id},
+            )
+    return won
+
+
+def _locked(approval_id: str) -> Approval:
+    # FOR UPDATE OF the approval row only: a second decision waits here, then sees the first.
+    return (
+        Approval.objects.select_for_update(of=("self",))
+        .select_related("operation", "operation__tenant", "operation__run")
+        .get(id=approval_id)
+    )
+
+
+def _refuse_unless_decidable(approval: Approval, actor, *, now: datetime) -> None:
+    op = approval.operation
+    if not _may(actor, "approve_intents", op.tenant_id):
+        raise ApprovalRefused(
+            f"You may not decide intents of tenant {op.tenant.slug}: the approver role on "
+            "that tenant is needed.",
+            code="other_tenant",
+        )
+    if approval.status != P.PENDING:
+        raise ApprovalRefused(_decided_message(approval), code=f"already_{approval.status}")
+    if approval.expires_at <= now:
+        raise ApprovalRefused(
+            f"This approval expired at {_when(approval.expires_at)}; nothing was approved. "
+            "The attempt is recorded and the agent must request a new approval.",
+            code="expired",
+        )
+
+
+def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
+    """Approve exactly the intent this approval was bound to, and enqueue its execution."""
+    comment = comment.strip()
+    try:
+        with transaction.atomic():
+            approval = _locked(approval_id)
+            op = approval.operation
+            now = timezone.now()
+            _refuse_unless_decidable(approval, actor, now=now)
+            if approval.payload_hash != op.payload_hash:
+                raise ApprovalRefused(
+                    "The intent does not match what was put up for approval (hash mismatch); "
+                    "it may have been tampered with. Nothing was approved.",
+                    code="tampered",
+                )
+            current = policy_version_current(op.action)
+            if approval.policy_version != current or op.policy_version != current:
+                raise ApprovalRefused(
+                    f"This intent was prepared under policy {approval.policy_version}, and "
+                    f"{current} is now in force; the agent must prepare it again.",
+                    code="policy_changed",
+                )
+            if actor.pk is not None and actor.pk in {op.created_by_id, getattr(
+                op.run, "launched_by_id", None
+            )}:
+                raise ApprovalRefused(
+                    "Four eyes: you created this intent or launched its run, so someone else "
+                    "must approve it.",
+                    code="four_eyes",
+                )
+            updated = Approval.objects.filter(id=approval.id, status=P.PENDING).update(
+                status=P.APPROVED, decided_by=actor, decided_at=now, comment=comment
+            )
+            if updated != 1:
+                raise ApprovalRefused("This approval was decided meanwhile.", code="race")
+            try:
+                operation_authorize(
+                    operation_id=op.id,
+                    approved_hash=approval.payload_hash,
+                    policy_version=approval.policy_version,
+                    approved_by=actor,
+                    expires_at=approval.expires_at,
+                    reason=comment,
+                )
+            except AuthorizationRefused as exc:
+                raise ApprovalRefused(
+                    f"The operation cannot be authorized: {exc}", code="authorization"
+                ) from exc
+            _audit(
+                actor=actor, action="approval.approve", approval=approval, tenant=op.tenant,
+                reason=comment, before={"status": P.PENDING},
+                after={"status": P.APPROVED, "payload_hash": approval.payload_hash},
+            )
+            execute_on_commit(op.id)
+    except ApprovalRefused as refusal:
+        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="approve")
+        raise
+    approval.refresh_from_db()
+    return approval
+
+
+def approval_reject(*, approval_id: str, actor, reason: str) -> Approval:
+    """Reject the intent with a reason; its operation is cancelled and never runs."""
+    reason = reason.strip()
+    try:
+        with transaction.atomic():
+            approval = _locked(approval_id)
+            op = approval.operation
+            now = timezone.now()
+            _refuse_unless_decidable(approval, actor, now=now)
+            if not reason:
+                raise ApprovalRefused("A rejection needs a reason.", code="no_reason")
+            updated = Approval.objects.filter(id=approval.id, status=P.PENDING).update(
+                status=P.REJECTED, decided_by=actor, decided_at=now, comment=reason
+            )
+            if updated != 1:
+                raise ApprovalRefused("This approval was decided meanwhile.", code="race")
+            _audit(
+                actor=actor, action="approval.reject", approval=approval, tenant=op.tenant,
+                reason=reason, before={"status": P.PENDING}, after={"status": P.REJECTED},
+            )
+            operation_cancel(operation_id=op.id, actor=actor, reason=f"rejected: {reason}")
+    except ApprovalRefused as refusal:
+        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="reject")
+        raise
+    approval.refresh_from_db()
+    return approval
+
+
+def _record_refusal(*, approval_id: str, actor, refusal: ApprovalRefused, verb: str) -> None:
+    """Outside the rolled-back decision: expire it if that was the reason, and audit."""
+    if refusal.code == "expired":
+        approval_expire(approval_id=approval_id)
+    approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
+    _audit(
+        actor=actor, action=f"approval.{verb}_refused", approval=approval,
+        tenant=approval.operation.tenant, reason=refusal.message,
+        after={"status": approval.status, "refusal": refusal.code},
+    )
+
+
+def approval_expire(*, approval_id: str) -> bool:
+    """Expire a pending approval whose time is up, and cancel its never-run operation."""
+    with transaction.atomic():
+        now = timezone.now()
+        won = (
+            Approval.objects.filter(
+                id=approval_id, status=P.PENDING, expires_at__lte=now
+            ).update(status=P.EXPIRED, decided_at=now)
+            == 1
+        )
+        if not won:
+            return False
+        approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
+        _audit(
+            actor=None, action="approval.expire", approval=approval,
+            tenant=approval.operation.tenant, before={"status": P.PENDING},
+            after={"status": P.EXPIRED, "expires_at": approval.expires_at.isoformat()},
+        )
+        operation_cancel(
+            operation_id=approval.operation_id, actor=None, reason="approval expired"
+        )
+    return True
+
+
+def approvals_expire_overdue(*, limit: int = 500) -> int:
+    """The beat sweep: expire every pending approval past its time, soonest first."""
+    ids = list(
+        Approval.objects.filter(status=P.PENDING, expires_at__lte=timezone.now())
+        .order_by("expires_at", "id")
+        .values_list("id", flat=True)[:limit]
+    )
+    return sum(approval_expire(approval_id=approval_id) for approval_id in ids)

@@ -1,0 +1,186 @@
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals.forms import ApproveForm, QueueFilterForm, RejectForm
+from approvals.models import Approval
+from approvals.selectors import (
+    approval_counts,
+    approval_for_user,
+    approvals_for_user,
+    approvals_queue_page,
+    queue_tenant_ids,
+)
+from approvals.services import ApprovalRefused, approval_approve, approval_reject
+from operations.intents import intent_diff, intent_rows, intent_summary
+from operations.models import Action, Tenant
+from operations.selectors import tenants_for_user
+from operations.services import audit_event_record
+
+QUEUE_PAGE_SIZE = 20
+
+
+def _link(name: str, value: str) -> str | None:
+    """The page of a run or conversation when this build serves one; else None (text)."""
+    try:
+        return reverse(name, args=[value])
+    except NoReverseMatch:
+        return None
+
+
+def _card(
+    approval: Approval, *, user, unmasked: bool, can_decide: bool, error: str = "",
+    notice: str = "",
+) -> dict[str, Any]:
+    op = approval.operation
+    now = timezone.now()
+    summary = intent_summary(action=op.action, payload=op.payload)
+    diff = []
+    if op.supersedes_id:
+        old = op.supersedes
+        diff = intent_diff(
+            action=op.action, old_payload=old.payload, new_payload=op.payload,
+            old_policy=old.policy_version, new_policy=op.policy_version, unmasked=unmasked,
+        )
+    return {
+        "approval": approval,
+        "op": op,
+        "action_label": Action(op.action).label if op.action in Action.values else op.action,
+        "summary": summary,
+        "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
+        "unmasked": unmasked,
+        "diff": diff,
+        "supersedes_approval": (
+            approval.supersedes.order_by("-id").first() if op.supersedes_id else None
+        ),
+        "run_url": _link("replays:run", op.run_id) if op.run_id else None,
+        "conversation_url": (
+            _link("replays:conversation", op.run.conversation_id) if op.run_id else None
+        ),
+        "expired_in_fact": approval.is_pending and approval.expires_at <= now,
+        "can_decide": can_decide and approval.is_pending and approval.expires_at > now,
+        "error": error,
+        "notice": notice,
+    }
+
+
+def _cards(user, approvals: list[Approval], *, request: HttpRequest) -> list[dict[str, Any]]:
+    unmasked_ids = set(tenants_for_user(user, "view_unmasked").values_list("id", flat=True))
+    deciding_ids = set(tenants_for_user(user, "approve_intents").values_list("id", flat=True))
+    shown: dict[Tenant, list[str]] = defaultdict(list)
+    cards = []
+    for approval in approvals:
+        tenant = approval.operation.tenant
+        unmasked = tenant.id in unmasked_ids
+        if unmasked:
+            shown[tenant].append(approval.id)
+        cards.append(
+            _card(approval, user=user, unmasked=unmasked, can_decide=tenant.id in deciding_ids)
+        )
+    for tenant, ids in shown.items():
+        # Seeing unmasked values is itself an action on record.
+        audit_event_record(
+            actor=user, action="approval.view_unmasked", tenant=tenant,
+            object_type="approval", object_id=ids[0] if len(ids) == 1 else "",
+            reason=request.path, after={"approvals": ids},
+        )
+    return cards
+
+
+@require_GET
+def queue(request: HttpRequest) -> HttpResponse:
+    tenants = Tenant.objects.filter(id__in=queue_tenant_ids(request.user)).order_by("slug")
+    form = QueueFilterForm(request.GET, tenants=tenants)
+    filters = form.filters()
+    cursor = form.cleaned_data.get("cursor", "") if form.is_valid() else ""
+    qs = approvals_for_user(request.user, filters=filters)
+    page, next_cursor = approvals_queue_page(qs, cursor=cursor, size=QUEUE_PAGE_SIZE)
+    query = request.GET.copy()
+    query.pop("cursor", None)
+    context = {
+        "form": form,
+        "cards": _cards(request.user, page, request=request),
+        "counts": approval_counts(qs),
+        "cursor": cursor,
+        "next_cursor": next_cursor,
+        "query": query.urlencode(),
+        "here": request.get_full_path(),
+    }
+    template = "approvals/queue.html#rows" if request.htmx else "approvals/queue.html"
+    return render(request, template, context)
+
+
+@require_GET
+def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
+    approval = approval_for_user(request.user, approval_id, "view_tenant")
+    (card,) = _cards(request.user, [approval], request=request)
+    history = []
+    if approval.operation.supersedes_id:
+        history = list(
+            Approval.objects.filter(operation_id=approval.operation.supersedes_id)
+            .select_related("decided_by").order_by("-id")
+        )
+    context = {"card": card, "history": history, "here": request.get_full_path()}
+    template = "approvals/queue.html#card" if request.htmx else "approvals/detail.html"
+    return render(request, template, context)
+
+
+def _next_url(request: HttpRequest, approval: Approval) -> str:
+    candidate = request.POST.get("next", "")
+    if candidate and url_has_allowed_host_and_scheme(
+        candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return candidate
+    return reverse("approvals:detail", args=[approval.id])
+
+
+def _decided(
+    request: HttpRequest, approval: Approval, *, error: str = "", notice: str = ""
+) -> HttpResponse:
+    """htmx: the card, swapped in place. Without JS: a message and a redirect (PRG)."""
+    if request.htmx:
+        fresh = approval_for_user(request.user, approval.id, "view_tenant")
+        (card,) = _cards(request.user, [fresh], request=request)
+        card.update(error=error, notice=notice)
+        return render(
+            request, "approvals/queue.html#card",
+            {"card": card, "here": request.POST.get("next", "")},
+        )
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, notice)
+    return redirect(_next_url(request, approval))
+
+
+@require_POST
+def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
+    approval = approval_for_user(request.user, approval_id, "approve_intents")
+    form = ApproveForm(request.POST)
+    comment = form.cleaned_data["comment"] if form.is_valid() else ""
+    try:
+        approval_approve(approval_id=approval.id, actor=request.user, comment=comment)
+    except ApprovalRefused as refusal:
+        return _decided(request, approval, error=refusal.message)
+    return _decided(request, approval, notice="Approved; the operation is queued to run.")
+
+
+@require_POST
+def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
+    approval = approval_for_user(request.user, approval_id, "approve_intents")
+    form = RejectForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        approval_reject(approval_id=approval.id, actor=request.user, reason=reason)
+    except ApprovalRefused as refusal:
+        return _decided(request, approval, error=refusal.message)
+    return _decided(request, approval, notice="Rejected; the operation is cancelled.")

@@ -1,0 +1,155 @@
+"""The approver's path in a real browser: Playwright driving Debian's Chromium."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from approvals.models import Approval, ApprovalStatus
+from operations.models import Operation, OperationStatus
+from tests.approvals.conftest import BENEFICIARY
+from tests.factories import PASSWORD
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _async_unsafe_allowed() -> Iterator[None]:
+    """Playwright's sync API runs an event loop in this thread; the ORM calls stay sync.
+
+    Set for this module's tests only: set at import it would leak into every subprocess of
+    the session (`check --deploy` warns about it)."""
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def browser(_async_unsafe_allowed) -> Iterator:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's Chromium "
+            "(apt-get install -y --no-install-recommends chromium); .ci/run does this."
+        )
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator:
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    problems: list[str] = []
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+
+    def on_console(msg) -> None:
+        # CSP violations and script errors land here; the browser's own favicon probe is not ours.
+        if msg.type == "error" and not msg.location.get("url", "").endswith("/favicon.ico"):
+            problems.append(msg.text)
+
+    page.on("console", on_console)
+    page.problems = problems
+    yield page
+    context.close()
+
+
+def _sign_in(page, live_server, username: str) -> None:
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+
+
+def _wait_for(predicate, *, timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
+    live_server, worker_pool, acme, approver, prepare_payment, page
+):
+    from operations.sandbox.services import sandbox_counts
+
+    worker_pool.start(
+        extra_env={"PAYMENTS_API_BASE": f"{live_server.url}/sandbox/payments"}
+    )
+    approval = prepare_payment(acme)
+
+    _sign_in(page, live_server, "approver")
+    page.click("nav >> text=Approvals")
+    page.wait_for_url(f"{live_server.url}/approvals/")
+    card = page.locator(f"#card-{approval.id}")
+    card.wait_for()
+    assert "12,500.00 KZT" in card.inner_text()
+    assert "Acme Corp LLP" in card.inner_text()
+    assert "••••2345" in card.inner_text()
+    assert BENEFICIARY not in page.content()
+
+    page.evaluate("window.__notReloaded = true")
+    card.locator("textarea[name=comment]").fill("invoice matches the contract")
+    with page.expect_response(lambda r: r.url.endswith(f"/{approval.id}/approve")) as answer:
+        card.get_by_role("button", name="Approve").click()
+    assert answer.value.request.headers.get("hx-request") == "true"
+    page.locator(f"#card-{approval.id} [data-status=approved]").wait_for()
+    assert page.evaluate("window.__notReloaded === true")
+    assert "invoice matches the contract" in page.locator(f"#card-{approval.id}").inner_text()
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
+
+    def succeeded() -> bool:
+        return Operation.objects.get(id=approval.operation_id).status == OperationStatus.SUCCEEDED
+
+    _wait_for(succeeded, what="the approved payment to succeed")
+    op = Operation.objects.get(id=approval.operation_id)
+    assert op.payload_hash == approval.payload_hash
+    assert op.provider_calls == 1
+    assert sandbox_counts()["payment_intents"] == 1
+    assert page.problems == []
+
+
+def test_it_shows_a_superseded_intents_diff(
+    live_server, transactional_db, acme, approver, prepare_payment, page
+):
+    old = prepare_payment(acme)
+    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_350_000)
+
+    _sign_in(page, live_server, "approver")
+    page.goto(f"{live_server.url}/approvals/")
+    card = page.locator(f"#card-{new.id}")
+    old_amount = card.locator(".diff del.old", has_text="12,500.00 KZT")
+    new_amount = card.locator(".diff ins.new", has_text="13,500.00 KZT")
+    old_amount.wait_for()
+    new_amount.wait_for()
+    assert "line-through" in old_amount.evaluate(
+        "el => getComputedStyle(el).textDecorationLine"
+    )
+
+    page.goto(f"{live_server.url}/approvals/{old.id}/")
+    old_card = page.locator(f"#card-{old.id}")
+    assert old_card.locator("[data-status=superseded]").count() == 1
+    assert old_card.get_by_role("button", name="Approve").count() == 0
+    assert new.id in old_card.inner_text()
+    assert page.problems == []

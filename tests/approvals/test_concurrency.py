@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from approvals.models import Approval, ApprovalStatus
+from approvals.services import ApprovalRefused, approval_approve
+from operations.models import AuditEvent, Operation
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lets_exactly_one_of_two_simultaneous_approvals_win(
+    acme, approver, admin_user, prepare_payment, no_execute
+):
+    approval = prepare_payment(acme)
+    barrier = threading.Barrier(2)
+    results: dict[str, str] = {}
+
+    def decide(user) -> None:
+        try:
+            barrier.wait(timeout=10)
+            approval_approve(approval_id=approval.id, actor=user, comment=user.username)
+            results[user.username] = "approved"
+        except ApprovalRefused as refusal:
+            results[user.username] = refusal.message
+        finally:
+            connection.close()  # each thread has its own connection
+
+    threads = [threading.Thread(target=decide, args=(u,)) for u in (approver, admin_user)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    winners = [name for name, outcome in results.items() if outcome == "approved"]
+    assert len(winners) == 1, results
+    (loser,) = {"approver", "admin"} - set(winners)
+    assert results[loser].startswith(f"Already approved by {winners[0]} at ")
+    stored = Approval.objects.get(id=approval.id)
+    assert stored.status == ApprovalStatus.APPROVED
+    assert stored.decided_by.username == winners[0]
+    op = Operation.objects.get(id=approval.operation_id)
+    assert op.authorized_by.username == winners[0]
+    assert no_execute == [op.id]
+    assert AuditEvent.objects.filter(action="approval.approve", object_id=approval.id).count() == 1
+    refused = AuditEvent.objects.get(action="approval.approve_refused", object_id=approval.id)
+    assert refused.actor_username == loser

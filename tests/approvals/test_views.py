@@ -1,0 +1,295 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from approvals.models import Approval, ApprovalStatus
+from operations.models import AuditEvent
+from tests.approvals.conftest import BENEFICIARY, EMAIL
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _approve_url(approval: Approval) -> str:
+    return reverse("approvals:approve", args=[approval.id])
+
+
+def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
+    acme, approver, prepare_payment
+):
+    approval = prepare_payment(acme)
+    response = _client(approver).get(reverse("approvals:queue"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert approval.id in html
+    assert "12,500.00 KZT" in html
+    assert "Acme Corp LLP" in html
+    assert "payments-v3" in html
+    assert "inv_9182" in html
+    assert "••••2345" in html
+    assert BENEFICIARY not in html
+    assert 'hx-trigger="every 15s"' in html
+    assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
+
+
+def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
+    acme, admin_user, prepare_payment
+):
+    approval = prepare_payment(acme)
+    html = _client(admin_user).get(reverse("approvals:detail", args=[approval.id])).content
+    assert BENEFICIARY in html.decode()
+    event = AuditEvent.objects.get(action="approval.view_unmasked")
+    assert event.actor == admin_user
+    assert event.after["approvals"] == [approval.id]
+
+
+def test_it_never_shows_unmasked_values_on_any_approver_page(
+    acme, approver, admin_user, prepare_payment, prepare_mail
+):
+    payment = prepare_payment(acme)
+    mail = prepare_mail(acme)
+    changed = prepare_payment(acme, supersedes=payment.operation, amount_minor=999_00,
+                              beneficiary_id="vendor_778800000")
+    decided = prepare_payment(acme, invoice_id="inv_2")
+    client = _client(approver)
+    client.post(reverse("approvals:reject", args=[decided.id]), {"reason": "dup"})
+    pages = [
+        reverse("approvals:queue"),
+        reverse("approvals:queue") + "?tenant=acme&action=payments.create",
+        reverse("approvals:queue") + "?action=mail.send",
+    ] + [reverse("approvals:detail", args=[a.id]) for a in (payment, mail, changed, decided)]
+    for page in pages:
+        for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+            response = client.get(page, **headers)
+            assert response.status_code == 200, page
+            html = response.content.decode()
+            assert BENEFICIARY not in html, page
+            assert "vendor_778800000" not in html, page
+            assert EMAIL not in html, page
+            assert "anna.smith" not in html, page
+    htmx = client.post(_approve_url(mail), {"comment": "ok"}, HTTP_HX_REQUEST="true")
+    assert EMAIL not in htmx.content.decode()
+
+
+def test_it_shows_only_tenants_the_user_may_see(acme, globex, approver, prepare_payment):
+    mine = prepare_payment(acme)
+    theirs = prepare_payment(globex)
+    html = _client(approver).get(reverse("approvals:queue")).content.decode()
+    assert mine.id in html
+    assert theirs.id not in html
+
+
+def test_it_filters_by_tenant_and_action(acme, admin_user, prepare_payment, prepare_mail):
+    payment = prepare_payment(acme)
+    mail = prepare_mail(acme)
+    client = _client(admin_user)
+    html = client.get(reverse("approvals:queue") + "?action=mail.send").content.decode()
+    assert mail.id in html and payment.id not in html
+    html = client.get(reverse("approvals:queue") + "?tenant=globex").content.decode()
+    assert mail.id not in html
+
+
+def test_it_pages_by_keyset_pending_soonest_first_then_decisions(
+    acme, approver, prepare_payment, monkeypatch
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    monkeypatch.setattr("approvals.views.QUEUE_PAGE_SIZE", 2)
+    approvals = [prepare_payment(acme, invoice_id=f"inv_{i}") for i in range(4)]
+    now = timezone.now()
+    for i, approval in enumerate(approvals):
+        Approval.objects.filter(id=approval.id).update(
+            expires_at=now + timedelta(hours=4 - i)
+        )
+    client = _client(approver)
+    client.post(reverse("approvals:reject", args=[approvals[0].id]), {"reason": "dup"})
+    seen: list[str] = []
+    url = reverse("approvals:queue")
+    for _ in range(3):
+        response = client.get(url)
+        page = [c["approval"].id for c in response.context["cards"]]
+        seen += page
+        if not response.context["next_cursor"]:
+            break
+        assert f"cursor={response.context['next_cursor']}".split("|")[0] in (
+            response.content.decode()
+        )
+        url = reverse("approvals:queue") + "?" + __import__("urllib.parse").parse.urlencode(
+            {"cursor": response.context["next_cursor"]}
+        )
+    assert seen == [approvals[3].id, approvals[2].id, approvals[1].id, approvals[0].id]
+
+
+def test_it_keeps_filters_and_cursor_in_the_poll_url(acme, approver, prepare_payment,
+                                                     monkeypatch):
+    monkeypatch.setattr("approvals.views.QUEUE_PAGE_SIZE", 1)
+    for i in range(3):
+        prepare_payment(acme, invoice_id=f"inv_{i}")
+    client = _client(approver)
+    first = client.get(reverse("approvals:queue") + "?tenant=acme")
+    cursor = first.context["next_cursor"]
+    second = client.get(
+        reverse("approvals:queue"), {"tenant": "acme", "cursor": cursor},
+        HTTP_HX_REQUEST="true",
+    )
+    html = second.content.decode()
+    assert "<html" not in html
+    assert 'id="approval-rows"' in html
+    assert "tenant=acme" in html
+    from urllib.parse import quote
+
+    assert f"cursor={quote(cursor)}" in html
+
+
+def test_it_approves_in_place_with_htmx(acme, approver, prepare_payment, no_execute):
+    approval = prepare_payment(acme)
+    response = _client(approver).post(
+        _approve_url(approval), {"comment": "looks right"}, HTTP_HX_REQUEST="true"
+    )
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in html
+    assert f'id="card-{approval.id}"' in html
+    assert 'data-status="approved"' in html
+    assert "looks right" in html
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
+
+
+def test_it_approves_with_a_plain_post_and_redirects(acme, approver, prepare_payment,
+                                                     no_execute):
+    approval = prepare_payment(acme)
+    client = _client(approver)
+    response = client.post(_approve_url(approval), {"comment": "", "next": "/approvals/"})
+    assert response.status_code == 302
+    assert response["Location"] == "/approvals/"
+    page = client.get(response["Location"]).content.decode()
+    assert "Approved; the operation is queued to run." in page
+
+
+def test_it_ignores_an_offsite_next(acme, approver, prepare_payment, no_execute):
+    approval = prepare_payment(acme)
+    response = _client(approver).post(_approve_url(approval), {"next": "https://evil.test/"})
+    assert response["Location"] == reverse("approvals:detail", args=[approval.id])
+
+
+def test_it_shows_the_refusal_in_the_card(acme, approver, admin_user, prepare_payment,
+                                          no_execute):
+    approval = prepare_payment(acme)
+    _client(admin_user).post(_approve_url(approval))
+    response = _client(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Already approved by admin at" in html
+    assert 'role="alert"' in html
+
+
+def test_it_rejects_in_place_and_requires_a_reason(acme, approver, prepare_payment):
+    approval = prepare_payment(acme)
+    client = _client(approver)
+    empty = client.post(reverse("approvals:reject", args=[approval.id]), {"reason": ""},
+                        HTTP_HX_REQUEST="true")
+    assert "needs a reason" in empty.content.decode()
+    done = client.post(reverse("approvals:reject", args=[approval.id]),
+                       {"reason": "wrong vendor"}, HTTP_HX_REQUEST="true")
+    assert 'data-status="rejected"' in done.content.decode()
+
+
+def test_it_answers_403_to_an_auditor_posting_a_decision(acme, auditor, prepare_payment):
+    approval = prepare_payment(acme)
+    client = _client(auditor)
+    assert client.get(reverse("approvals:detail", args=[approval.id])).status_code == 200
+    assert approval.id in client.get(reverse("approvals:queue")).content.decode()
+    assert client.post(_approve_url(approval)).status_code == 403
+    assert client.post(reverse("approvals:reject", args=[approval.id]),
+                       {"reason": "x"}).status_code == 403
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+
+
+def test_it_answers_404_for_a_tenant_the_user_cannot_see(acme, other_tenant_user, stranger,
+                                                         prepare_payment):
+    approval = prepare_payment(acme)
+    for user in (other_tenant_user, stranger):
+        client = _client(user)
+        assert client.get(reverse("approvals:detail", args=[approval.id])).status_code == 404
+        assert client.post(_approve_url(approval)).status_code == 404
+    assert _client(stranger).get(reverse("approvals:detail", args=["apr_nope"])).status_code \
+        == 404
+
+
+def test_it_answers_405_to_wrong_methods(acme, approver, prepare_payment):
+    approval = prepare_payment(acme)
+    client = _client(approver)
+    assert client.get(_approve_url(approval)).status_code == 405
+    assert client.get(reverse("approvals:reject", args=[approval.id])).status_code == 405
+    assert client.post(reverse("approvals:queue")).status_code == 405
+    assert client.post(reverse("approvals:detail", args=[approval.id])).status_code == 405
+
+
+def test_it_refuses_a_post_without_csrf(acme, approver, prepare_payment):
+    approval = prepare_payment(acme)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(approver)
+    assert client.post(_approve_url(approval)).status_code == 403
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+
+
+def test_it_shows_the_diff_of_a_superseded_intent_and_refuses_the_old_one(
+    acme, approver, prepare_payment, no_execute
+):
+    old = prepare_payment(acme)
+    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_350_000)
+    client = _client(approver)
+    html = client.get(reverse("approvals:detail", args=[new.id])).content.decode()
+    assert '<del class="old">12,500.00 KZT</del>' in html
+    assert '<ins class="new">13,500.00 KZT</ins>' in html
+    old_html = client.get(reverse("approvals:detail", args=[old.id])).content.decode()
+    assert 'data-status="superseded"' in old_html
+    assert "approvals:approve" not in old_html and _approve_url(old) not in old_html
+    response = client.post(_approve_url(old), HTTP_HX_REQUEST="true")
+    assert f"superseded by a changed one ({new.id})" in response.content.decode()
+    assert Approval.objects.get(id=old.id).status == ApprovalStatus.SUPERSEDED
+    assert no_execute == []
+
+
+def test_it_shows_approvals_in_navigation(approver):
+    html = _client(approver).get("/").content.decode()
+    assert 'href="/approvals/"' in html
+
+
+def test_it_counts_per_status(acme, approver, prepare_payment):
+    prepare_payment(acme)
+    TenantFactory(slug="initech")
+    response = _client(approver).get(reverse("approvals:queue"))
+    counts = {status: n for status, _, n in response.context["counts"]}
+    assert counts["pending"] == 1 and counts["approved"] == 0
+
+
+def test_it_tells_an_approver_the_approval_expired_and_records_the_attempt(
+    acme, approver, prepare_payment, no_execute
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    approval = prepare_payment(acme)
+    Approval.objects.filter(id=approval.id).update(
+        expires_at=timezone.now() - timedelta(seconds=5)
+    )
+    response = _client(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert "This approval expired at" in html
+    assert 'data-status="expired"' in html
+    assert AuditEvent.objects.filter(
+        action="approval.approve_refused", object_id=approval.id
+    ).exists()
+    assert no_execute == []

@@ -283,7 +283,7 @@ class _InconclusiveAdapter:
 
 @pytest.mark.django_db
 def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operator, monkeypatch):
-    monkeypatch.setattr("operations.engine._adapter", lambda action: _InconclusiveAdapter())
+    monkeypatch.setattr("operations.engine.core.adapter", lambda action: _InconclusiveAdapter())
     op = acme_unknown
     response = _client(operator).post(
         f"/operations/{op.id}/reconcile",

@@ -104,7 +104,7 @@ def test_it_never_makes_two_effects_or_changes_the_hash(
     acme, admin_user, monkeypatch, events, call_faults, lookup_faults
 ):
     provider = ProviderModel(call_faults=list(call_faults), lookup_faults=list(lookup_faults))
-    monkeypatch.setattr(engine, "_adapter", lambda action: provider)
+    monkeypatch.setattr("operations.engine.core.adapter", lambda action: provider)
     op = authorized_payment(acme, admin_user)
     original_hash = op.payload_hash
     seen: list[str] = [op.status]

@@ -1,0 +1,180 @@
+"""What every engine step shares: the one conditional-UPDATE transition, leases, snapshots."""
+
+import logging
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from operations import transitions
+from operations.models import (
+    Attempt,
+    AttemptKind,
+    Evidence,
+    Operation,
+    OperationStatus,
+)
+from operations.providers.base import (
+    CallOutcome,
+    OperationSnapshot,
+    ProviderAdapter,
+)
+from operations.services import audit_event_record
+
+S = OperationStatus
+logger = logging.getLogger(__name__)
+
+
+class EngineError(Exception):
+    pass
+
+
+class AuthorizationRefused(EngineError):
+    pass
+
+
+class TransitionRefused(EngineError):
+    pass
+
+
+def lease_duration() -> timedelta:
+    return timedelta(seconds=getattr(settings, "OPERATION_LEASE_SECONDS", 30))
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def adapter(action: str) -> ProviderAdapter:
+    from operations.providers import adapter_for
+
+    return adapter_for(action)
+
+
+def snapshot(op: Operation) -> OperationSnapshot:
+    call = (
+        op.attempts.filter(kind=AttemptKind.CALL)
+        .order_by("-number")
+        .values("started_at", "finished_at")
+        .first()
+    )
+    last_call = None
+    if call is not None:
+        # The provider may act at any moment until the answer arrives; an unanswered call
+        # may have acted until at least the client's timeout.
+        last_call = call["finished_at"] or call["started_at"] + timedelta(
+            seconds=float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
+        )
+    return OperationSnapshot(
+        id=op.id,
+        action=op.action,
+        tenant=op.tenant.slug,
+        payload=op.payload,
+        idempotency_key=op.idempotency_key,
+        external_id=op.external_id,
+        last_call_at=last_call,
+    )
+
+
+def next_attempt_number(operation_id: str) -> int:
+    # Called inside the transaction that owns the operation row (claim or lookup start),
+    # so two attempts can never draw the same number; the unique constraint backs it up.
+    last = (
+        Attempt.objects.filter(operation_id=operation_id)
+        .order_by("-number")
+        .values_list("number", flat=True)
+        .first()
+    )
+    return (last or 0) + 1
+
+
+def transition(
+    op: Operation,
+    *,
+    to: str,
+    sources: set[str] | frozenset[str],
+    evidence_kind: str,
+    summary: str,
+    data: dict[str, Any] | None = None,
+    extra: Q | None = None,
+    fields: dict[str, Any] | None = None,
+    actor=None,
+    manual: bool = False,
+    audit_action: str = "",
+    reason: str = "",
+) -> bool:
+    """One conditional UPDATE plus its evidence (and audit) row; True when this call won."""
+    for source in sources:
+        if not transitions.allowed(source, to, manual=manual):
+            raise TransitionRefused(f"{source} → {to} is not in the transition table")
+    now = timezone.now()
+    values: dict[str, Any] = {"status": to, "status_changed_at": now}
+    if to != S.IN_PROGRESS:
+        values.update(lease_owner="", lease_expires_at=None)
+    if to == S.UNKNOWN:
+        values["unknown_since"] = now
+    else:
+        values["unknown_since"] = None
+        values["next_reconcile_at"] = (
+            now + timedelta(seconds=getattr(settings, "ACCEPTED_RECONCILE_SECONDS", 120))
+            if to == S.ACCEPTED
+            else None
+        )
+    values.update(fields or {})
+    condition = Q(id=op.id, status__in=list(sources))
+    if extra is not None:
+        condition &= extra
+    with transaction.atomic():
+        before = Operation.objects.filter(id=op.id).values("status", "unknown_since").first()
+        won = Operation.objects.filter(condition).update(**values) == 1
+        if not won:
+            return False
+        payload = dict(data or {})
+        if before and before["unknown_since"] is not None and to != S.UNKNOWN:
+            payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
+        Evidence.objects.create(
+            operation_id=op.id,
+            kind=evidence_kind,
+            from_status=before["status"] if before else "",
+            to_status=to,
+            summary=summary,
+            data=payload,
+            actor=actor,
+        )
+        if audit_action:
+            audit_event_record(
+                actor=actor,
+                action=audit_action,
+                tenant=op.tenant,
+                object_type="operation",
+                object_id=op.id,
+                reason=reason,
+                before={"status": before["status"] if before else ""},
+                after={
+                    "status": to,
+                    **{
+                        k: v
+                        for k, v in (fields or {}).items()
+                        if k in {"external_id", "error_code"}
+                    },
+                },
+            )
+    return True
+
+
+LOOKUP_STATUS = {
+    CallOutcome.SUCCEEDED: S.SUCCEEDED,
+    CallOutcome.ACCEPTED: S.ACCEPTED,
+    CallOutcome.FAILED: S.FAILED,
+}
+
+
+def require_perm(actor, perm: str, op: Operation) -> None:
+    if actor is None or not actor.has_perm(f"operations.{perm}", op.tenant):
+        raise PermissionDenied(f"{perm} on {op.tenant.slug} is required")

@@ -1,0 +1,247 @@
+"""Execute: claim with a lease, check the authorization, call once, record what came back."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from operations.engine import core
+from operations.engine.core import (
+    S,
+    lease_duration,
+    logger,
+    next_attempt_number,
+    snapshot,
+    transition,
+    worker_name,
+)
+from operations.engine.prepare import authorization_problem
+from operations.engine.reconcile import operation_reconcile
+from operations.models import (
+    Attempt,
+    AttemptKind,
+    AttemptOutcome,
+    Evidence,
+    EvidenceKind,
+    Operation,
+)
+from operations.policy import policy_version_current
+from operations.providers.base import (
+    CallOutcome,
+    CallResult,
+    ProviderAdapter,
+)
+
+
+@dataclass(frozen=True)
+class ExecuteReport:
+    operation_id: str
+    outcome: str  # called / already_succeeded / held_elsewhere / awaiting_authorization / …
+    status: str
+    detail: str = ""
+
+
+def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
+    """Run the approved intent at most once, in the resume order of the design brief."""
+    worker = worker or worker_name()
+    op = Operation.objects.select_related("tenant").get(id=operation_id)
+
+    if op.status == S.SUCCEEDED:
+        return ExecuteReport(op.id, "already_succeeded", op.status, "stored result returned")
+    if op.status in (S.FAILED, S.CANCELLED, S.DISPUTED, S.ACCEPTED):
+        return ExecuteReport(op.id, "nothing_to_do", op.status)
+
+    lease_expired = (
+        op.status == S.IN_PROGRESS
+        and op.lease_expires_at is not None
+        and op.lease_expires_at <= timezone.now()
+    )
+    if op.status == S.UNKNOWN or lease_expired:
+        # Never call after an unknown outcome without asking the provider first.
+        report = operation_reconcile(operation_id=op.id)
+        op.refresh_from_db()
+        if op.status != S.NOT_STARTED:
+            return ExecuteReport(op.id, "reconciled", op.status, report.detail)
+    elif op.status == S.IN_PROGRESS:
+        return ExecuteReport(op.id, "held_elsewhere", op.status, f"leased by {op.lease_owner}")
+
+    problem = authorization_problem(op)
+    if problem == "missing":
+        return ExecuteReport(op.id, "awaiting_authorization", op.status)
+    if problem:
+        transition(
+            op,
+            to=S.CANCELLED,
+            sources={S.NOT_STARTED},
+            evidence_kind=EvidenceKind.AUTHORIZATION,
+            summary=f"not executed: {problem}",
+            data={"problem": problem},
+            fields={"error_code": "authorization", "error_message": problem},
+        )
+        op.refresh_from_db()
+        return ExecuteReport(op.id, "cancelled", op.status, problem)
+
+    adapter = core.adapter(op.action)
+    now = timezone.now()
+    with transaction.atomic():
+        # The claim re-checks the authorization in the same statement, so an approval that
+        # expires between the read above and here cannot slip through.
+        claimed = Operation.objects.filter(
+            id=op.id,
+            status=S.NOT_STARTED,
+            authorized_hash=F("payload_hash"),
+            authorization_expires_at__gt=now,
+            authorized_policy_version=policy_version_current(op.action),
+        ).update(
+            status=S.IN_PROGRESS,
+            status_changed_at=now,
+            lease_owner=worker,
+            lease_expires_at=now + lease_duration(),
+            attempt_count=F("attempt_count") + 1,
+            provider_calls=F("provider_calls") + 1,
+            unknown_since=None,
+            next_reconcile_at=None,
+        )
+        if claimed != 1:
+            op.refresh_from_db()
+            return ExecuteReport(op.id, "lost_claim", op.status, "another worker claimed it first")
+        attempt = Attempt.objects.create(
+            operation_id=op.id,
+            number=next_attempt_number(op.id),
+            kind=AttemptKind.CALL,
+            worker=worker,
+            idempotency_key=op.idempotency_key,
+        )
+        Evidence.objects.create(
+            operation_id=op.id,
+            kind=EvidenceKind.TRANSITION,
+            from_status=S.NOT_STARTED,
+            to_status=S.IN_PROGRESS,
+            summary=f"claimed by {worker}; calling the provider",
+            data={"attempt": attempt.number, "idempotency_key": op.idempotency_key},
+        )
+
+    op_snapshot = snapshot(op)
+    try:
+        result = adapter.call(op_snapshot)
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
+        logger.exception("adapter call failed for %s", op.id)
+        result = CallResult(
+            outcome=CallOutcome.UNKNOWN, error_class=type(exc).__name__, error_message=str(exc)
+        )
+    return _record_call_result(op, attempt, result, worker=worker, adapter=adapter)
+
+
+_ATTEMPT_OUTCOME = {
+    CallOutcome.SUCCEEDED: AttemptOutcome.SUCCEEDED,
+    CallOutcome.ACCEPTED: AttemptOutcome.ACCEPTED,
+    CallOutcome.FAILED: AttemptOutcome.FAILED,
+    CallOutcome.CONFLICT: AttemptOutcome.FAILED,
+    CallOutcome.UNKNOWN: AttemptOutcome.UNKNOWN,
+}
+
+
+def _record_call_result(
+    op: Operation,
+    attempt: Attempt,
+    result: CallResult,
+    *,
+    worker: str,
+    adapter: ProviderAdapter,
+) -> ExecuteReport:
+    now = timezone.now()
+    # First, alone and short: the provider's ids, the moment we have them.
+    with transaction.atomic():
+        Attempt.objects.filter(id=attempt.id).update(
+            finished_at=now,
+            outcome=_ATTEMPT_OUTCOME[result.outcome],
+            http_status=result.http_status,
+            provider_request_id=result.provider_request_id,
+            external_id=result.external_id,
+            request_hash=result.request_hash,
+            error_class=result.error_class,
+            error_message=result.error_message[:2000],
+        )
+        if result.external_id or result.provider_request_id:
+            ids: dict[str, str] = {}
+            if result.external_id:
+                ids["external_id"] = result.external_id
+            if result.provider_request_id:
+                ids["provider_request_id"] = result.provider_request_id
+            Operation.objects.filter(id=op.id).update(**ids)
+
+    data = {
+        "attempt": attempt.number,
+        "http_status": result.http_status,
+        "provider_request_id": result.provider_request_id,
+        "external_id": result.external_id,
+        "error_class": result.error_class,
+    }
+    fields: dict[str, Any] = {}
+    if result.outcome == CallOutcome.SUCCEEDED:
+        to, fields = S.SUCCEEDED, {"result": result.result}
+        summary = f"provider confirmed {result.external_id}"
+    elif result.outcome == CallOutcome.ACCEPTED:
+        to, fields = S.ACCEPTED, {"result": result.result}
+        summary = f"provider accepted {result.external_id}; final result pending"
+    elif result.outcome == CallOutcome.FAILED:
+        to = S.FAILED
+        fields = {
+            "error_code": result.error_class or "rejected",
+            "error_message": result.error_message,
+        }
+        summary = f"provider refused the intent: {result.error_message or result.error_class}"
+    elif result.outcome == CallOutcome.CONFLICT:
+        to = S.FAILED
+        fields = {
+            "error_code": "version_conflict",
+            "error_message": result.error_message,
+            "result": result.result,
+        }
+        summary = "the record changed since the intent; a person decides on a new intent"
+    else:
+        to = S.UNKNOWN
+        # A lost answer is checked again soon; a key reused with other parameters is not
+        # something a lookup can settle, so it waits for a person.
+        retry = result.error_class != "idempotency_error" and adapter.contract.autonomous
+        fields = {
+            "error_code": result.error_class or "unknown",
+            "error_message": result.error_message,
+            "next_reconcile_at": now
+            + timedelta(seconds=getattr(settings, "RECONCILE_DELAY_SECONDS", 5))
+            if retry
+            else None,
+        }
+        summary = (
+            f"no reliable answer ({result.error_class or 'unknown'}); reconcile before any new call"
+        )
+
+    won = transition(
+        op,
+        to=to,
+        sources={S.IN_PROGRESS},
+        extra=Q(lease_owner=worker),
+        evidence_kind=EvidenceKind.CALL_RESULT,
+        summary=summary,
+        data=data,
+        fields=fields,
+    )
+    if not won and to != S.UNKNOWN:
+        # Our lease ran out while the call was in flight and the sweep marked it unknown:
+        # the answer we now hold is still the best evidence there is.
+        won = transition(
+            op,
+            to=to,
+            sources={S.UNKNOWN},
+            extra=Q(resolved_manually=False),
+            evidence_kind=EvidenceKind.CALL_RESULT,
+            summary=summary + " (answer arrived late)",
+            data=data,
+            fields=fields,
+        )
+    op.refresh_from_db()
+    return ExecuteReport(op.id, "called", op.status, summary)

@@ -1,0 +1,219 @@
+"""Prepare and authorize: the intent is recorded, and approved, before anything is called."""
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from operations.engine.core import (
+    AuthorizationRefused,
+    S,
+    transition,
+)
+from operations.ids import new_id
+from operations.intents import (
+    IntentError,
+    idempotency_key_for,
+    intent_canonical,
+    intent_validate,
+)
+from operations.models import (
+    Checkpoint,
+    Evidence,
+    EvidenceKind,
+    Operation,
+    Run,
+    Tenant,
+)
+from operations.policy import policy_for, policy_version_current
+from operations.services import audit_event_record
+from operations.signals import operation_prepared
+
+
+def operation_prepare(
+    *,
+    tenant: Tenant,
+    action: str,
+    payload: dict[str, Any],
+    run: Run | None = None,
+    checkpoint: Checkpoint | None = None,
+    command_id: str = "",
+    supersedes: Operation | None = None,
+    actor=None,
+) -> Operation:
+    """Record the canonical intent before anything is called. Validates; never calls out.
+
+    Preparing the same command of the same run again with the same intent returns the
+    existing operation (a resumed node re-runs its code); a different intent for it must
+    say which operation it supersedes.
+    """
+    payload = intent_validate(action=action, payload=payload)
+    policy = policy_for(action)
+    canonical, payload_hash = intent_canonical(
+        action=action, tenant=tenant.slug, payload=payload, policy_version=policy.version
+    )
+    with transaction.atomic():
+        if run is not None and command_id:
+            live = (
+                Operation.objects.select_for_update(of=("self",))
+                .filter(run=run, command_id=command_id, superseded_by__isnull=True)
+                .exclude(status=S.CANCELLED)
+                .order_by("-id")
+                .first()
+            )
+            if live is not None and supersedes is None:
+                if live.payload_hash == payload_hash:
+                    return live
+                raise IntentError(
+                    f"command {command_id} of {run.id} already has intent {live.id} with "
+                    "another payload; a changed intent must supersede it"
+                )
+        if supersedes is not None:
+            supersedes = Operation.objects.select_for_update().get(id=supersedes.id)
+            if supersedes.tenant_id != tenant.id or supersedes.action != action:
+                raise IntentError("a superseding intent keeps the tenant and the action")
+            if hasattr(supersedes, "superseded_by"):
+                raise IntentError(f"{supersedes.id} is already superseded")
+            if supersedes.status not in (S.NOT_STARTED, S.FAILED, S.CANCELLED):
+                raise IntentError(
+                    f"{supersedes.id} is {supersedes.status}; only an intent that has not run, "
+                    "or failed, can be superseded"
+                )
+        operation_id = new_id("op")
+        run_id = run.id if run else (supersedes.run_id if supersedes else "")
+        requires = policy.requires_approval(payload)
+        op = Operation.objects.create(
+            id=operation_id,
+            tenant=tenant,
+            action=action,
+            tool_name=action,
+            payload=payload,
+            canonical_intent=canonical,
+            payload_hash=payload_hash,
+            policy_version=policy.version,
+            idempotency_key=idempotency_key_for(
+                operation_id=operation_id,
+                action=action,
+                run_id=run_id or "",
+                command_id=command_id or (supersedes.command_id if supersedes else ""),
+            ),
+            run=run or (supersedes.run if supersedes else None),
+            checkpoint=checkpoint or (supersedes.checkpoint if supersedes else None),
+            command_id=command_id or (supersedes.command_id if supersedes else ""),
+            supersedes=supersedes,
+            requires_approval=requires,
+            created_by=actor,
+        )
+        audit_event_record(
+            actor=actor,
+            action="operation.prepare",
+            tenant=tenant,
+            object_type="operation",
+            object_id=op.id,
+            after={
+                "action": action,
+                "payload_hash": payload_hash,
+                "policy_version": policy.version,
+                "supersedes": supersedes.id if supersedes else None,
+            },
+        )
+        if supersedes is not None and supersedes.status == S.NOT_STARTED:
+            transition(
+                supersedes,
+                to=S.CANCELLED,
+                sources={S.NOT_STARTED},
+                evidence_kind=EvidenceKind.TRANSITION,
+                summary=f"superseded by {op.id}",
+                data={"superseded_by": op.id},
+                actor=actor,
+            )
+        if requires:
+            operation_prepared.send(sender=Operation, operation=op, supersedes=supersedes)
+        else:
+            # The policy itself authorizes; recorded like any other authorization.
+            Operation.objects.filter(id=op.id).update(
+                authorized_hash=payload_hash,
+                authorized_policy_version=policy.version,
+                authorized_at=timezone.now(),
+                authorization_expires_at=timezone.now() + policy.approval_ttl,
+            )
+            Evidence.objects.create(
+                operation=op,
+                kind=EvidenceKind.AUTHORIZATION,
+                summary=f"authorized by policy {policy.version}: {policy.rule}",
+                data={"policy_version": policy.version},
+            )
+        op.refresh_from_db()
+        return op
+
+
+def operation_authorize(
+    *,
+    operation_id: str,
+    approved_hash: str,
+    policy_version: str,
+    approved_by,
+    expires_at,
+    reason: str = "",
+) -> Operation:
+    """Record that a person approved exactly this intent (hash) until `expires_at`."""
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().select_related("tenant").get(id=operation_id)
+        if op.payload_hash != approved_hash:
+            raise AuthorizationRefused(
+                f"the approved hash {approved_hash[:19]}… is not this intent's "
+                f"{op.payload_hash[:19]}…"
+            )
+        current = policy_version_current(op.action)
+        if policy_version != op.policy_version or policy_version != current:
+            raise AuthorizationRefused(
+                f"policy {policy_version} is not current ({current}); "
+                "the intent needs a new approval"
+            )
+        if expires_at <= timezone.now():
+            raise AuthorizationRefused("the approval has expired")
+        updated = Operation.objects.filter(
+            id=op.id, status=S.NOT_STARTED, payload_hash=approved_hash, authorized_hash=""
+        ).update(
+            authorized_hash=approved_hash,
+            authorized_policy_version=policy_version,
+            authorized_by=approved_by,
+            authorized_at=timezone.now(),
+            authorization_expires_at=expires_at,
+        )
+        if updated != 1:
+            raise AuthorizationRefused(
+                f"{op.id} is {op.status}{' and already authorized' if op.authorized_hash else ''}"
+            )
+        Evidence.objects.create(
+            operation=op,
+            kind=EvidenceKind.AUTHORIZATION,
+            actor=approved_by,
+            summary=f"approved by {getattr(approved_by, 'username', 'system')} "
+            f"until {expires_at:%Y-%m-%d %H:%M} UTC",
+            data={"approved_hash": approved_hash, "policy_version": policy_version},
+        )
+        audit_event_record(
+            actor=approved_by,
+            action="operation.authorize",
+            tenant=op.tenant,
+            object_type="operation",
+            object_id=op.id,
+            reason=reason,
+            after={"approved_hash": approved_hash, "expires_at": expires_at.isoformat()},
+        )
+    op.refresh_from_db()
+    return op
+
+
+def authorization_problem(op: Operation) -> str:
+    if not op.authorized_hash:
+        return "missing"
+    if op.authorized_hash != op.payload_hash:
+        return "the authorization is for another intent (hash mismatch)"
+    current = policy_version_current(op.action)
+    if op.authorized_policy_version != op.policy_version or op.policy_version != current:
+        return f"policy {op.policy_version} is no longer current ({current})"
+    if op.authorization_expires_at is None or op.authorization_expires_at <= timezone.now():
+        return "the authorization has expired"
+    return ""

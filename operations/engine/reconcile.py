@@ -1,0 +1,248 @@
+"""Reconcile: read the provider and move the journal toward the fact. Never creates."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from operations.engine import core
+from operations.engine.core import (
+    LOOKUP_STATUS,
+    S,
+    logger,
+    next_attempt_number,
+    require_perm,
+    snapshot,
+    transition,
+    worker_name,
+)
+from operations.models import (
+    Attempt,
+    AttemptKind,
+    AttemptOutcome,
+    Evidence,
+    EvidenceKind,
+    Operation,
+)
+from operations.providers.base import (
+    EffectClass,
+    LookupOutcome,
+    LookupResult,
+    ProviderAdapter,
+)
+from operations.services import audit_event_record
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    operation_id: str
+    outcome: str  # found / absent / inconclusive / nothing_to_do
+    status: str
+    detail: str = ""
+    may_call_again: bool = False
+
+
+def _expire_lease(op: Operation) -> None:
+    transition(
+        op,
+        to=S.UNKNOWN,
+        sources={S.IN_PROGRESS},
+        extra=Q(lease_expires_at__lte=timezone.now()),
+        evidence_kind=EvidenceKind.TRANSITION,
+        summary=f"lease of {op.lease_owner or 'a worker'} expired with no recorded answer",
+        data={"lease_owner": op.lease_owner},
+        fields={"error_code": "lease_expired", "next_reconcile_at": timezone.now()},
+    )
+
+
+def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> ReconcileReport:
+    """Ask the provider what really happened and move the journal toward that fact.
+
+    Reads only: never creates anything at the provider. Proven absence returns the operation
+    to not_started (only where the contract makes a new call safe); anything ambiguous stays
+    unknown, with what was found, for a person.
+    """
+    op = Operation.objects.select_related("tenant").get(id=operation_id)
+    if actor is not None:
+        require_perm(actor, "operate_operations", op)
+    if (
+        op.status == S.IN_PROGRESS
+        and op.lease_expires_at is not None
+        and op.lease_expires_at <= timezone.now()
+    ):
+        _expire_lease(op)
+        op.refresh_from_db()
+    if op.status not in (S.UNKNOWN, S.ACCEPTED) or op.resolved_manually:
+        return ReconcileReport(op.id, "nothing_to_do", op.status)
+
+    adapter = core.adapter(op.action)
+    op_snapshot = snapshot(op)
+    with transaction.atomic():
+        Operation.objects.select_for_update().filter(id=op.id).first()
+        attempt = Attempt.objects.create(
+            operation_id=op.id,
+            number=next_attempt_number(op.id),
+            kind=AttemptKind.LOOKUP,
+            worker=worker_name(),
+            idempotency_key=op.idempotency_key,
+        )
+    try:
+        found = adapter.lookup(op_snapshot)
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
+        logger.exception("adapter lookup failed for %s", op.id)
+        found = LookupResult(
+            outcome=LookupOutcome.INCONCLUSIVE,
+            reason=f"lookup raised {type(exc).__name__}",
+            retry_after=timedelta(seconds=30),
+        )
+    if actor is not None:
+        audit_event_record(
+            actor=actor,
+            action="operation.reconcile",
+            tenant=op.tenant,
+            object_type="operation",
+            object_id=op.id,
+            reason=reason,
+            after={"lookup": found.outcome, "detail": found.reason},
+        )
+    return _record_lookup(op, attempt, found, adapter=adapter, actor=actor)
+
+
+def _record_lookup(
+    op: Operation,
+    attempt: Attempt,
+    found: LookupResult,
+    *,
+    adapter: ProviderAdapter,
+    actor,
+) -> ReconcileReport:
+    now = timezone.now()
+    outcome = {
+        LookupOutcome.FOUND: AttemptOutcome.FOUND,
+        LookupOutcome.ABSENT: AttemptOutcome.ABSENT,
+        LookupOutcome.INCONCLUSIVE: AttemptOutcome.INCONCLUSIVE,
+    }[found.outcome]
+    Attempt.objects.filter(id=attempt.id).update(
+        finished_at=now,
+        outcome=outcome,
+        http_status=found.http_status,
+        provider_request_id=found.provider_request_id,
+        external_id=found.external_id,
+        error_message=found.reason[:2000],
+    )
+    data = {
+        "attempt": attempt.number,
+        "method": found.method or "",
+        "reason": found.reason,
+        "matches": found.matches[:10],
+        "external_id": found.external_id,
+    }
+    contract = adapter.contract
+    op.refresh_from_db()
+    if op.status not in (S.UNKNOWN, S.ACCEPTED) or op.resolved_manually:
+        return ReconcileReport(op.id, "nothing_to_do", op.status, "settled meanwhile")
+
+    if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:
+        to = LOOKUP_STATUS[found.status]
+        if to == op.status:
+            Evidence.objects.create(
+                operation=op,
+                kind=EvidenceKind.LOOKUP,
+                from_status=op.status,
+                to_status=to,
+                summary=f"provider still reports {found.status} for {found.external_id}",
+                data=data,
+                actor=actor,
+            )
+            return ReconcileReport(op.id, "found", op.status, "unchanged")
+        fields: dict[str, Any] = {
+            "external_id": found.external_id or op.external_id,
+            "result": found.result or None,
+        }
+        if to == S.FAILED:
+            fields.update(error_code="provider_failed", error_message=found.reason)
+        transition(
+            op,
+            to=to,
+            sources={op.status},
+            evidence_kind=EvidenceKind.LOOKUP,
+            summary=f"provider lookup ({found.method}) found {found.external_id}: {found.status}",
+            data=data,
+            fields=fields,
+            actor=actor,
+        )
+        op.refresh_from_db()
+        return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
+
+    if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
+        # Absence proven by an authoritative lookup makes a new call safe where the provider
+        # dedups by key, or where a natural key / expected version turns a duplicate into a
+        # refusal instead of a second effect.
+        may_call = contract.same_key_retry_safe or contract.effect_class in (
+            EffectClass.CREATE_WITH_NATURAL_KEY,
+            EffectClass.VERSIONED_UPDATE,
+        )
+        if may_call:
+            transition(
+                op,
+                to=S.NOT_STARTED,
+                sources={S.UNKNOWN},
+                evidence_kind=EvidenceKind.LOOKUP,
+                summary=f"provider lookup ({found.method}) proved no effect exists; "
+                "may call again with the same key",
+                data=data,
+                fields={"error_code": "", "error_message": ""},
+                actor=actor,
+            )
+            op.refresh_from_db()
+            return ReconcileReport(op.id, "absent", op.status, "proven absent", may_call_again=True)
+        Operation.objects.filter(id=op.id, status=S.UNKNOWN).update(next_reconcile_at=None)
+        Evidence.objects.create(
+            operation=op,
+            kind=EvidenceKind.LOOKUP,
+            from_status=op.status,
+            to_status=op.status,
+            summary="proven absent, but the provider's contract does not make a new call "
+            "safe; a person decides",
+            data=data,
+            actor=actor,
+        )
+        return ReconcileReport(op.id, "absent", op.status, "a person decides")
+
+    # Inconclusive (or absent while accepted): stay where we are, with everything found.
+    retry_at = now + found.retry_after if found.retry_after else None
+    if contract.key_retention is not None and retry_at is not None:
+        last_call = snapshot(op).last_call_at
+        if last_call is not None and retry_at - last_call > contract.key_retention:
+            retry_at = None  # past the key's retention a retry proves nothing: a person
+    Operation.objects.filter(id=op.id, status=op.status).update(next_reconcile_at=retry_at)
+    Evidence.objects.create(
+        operation=op,
+        kind=EvidenceKind.LOOKUP,
+        from_status=op.status,
+        to_status=op.status,
+        summary=f"lookup inconclusive: {found.reason or found.outcome}"
+        + (f"; next check {retry_at:%H:%M:%S}" if retry_at else "; waiting for a person"),
+        data=data,
+        actor=actor,
+    )
+    return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+
+
+def operations_due_for_reconcile(*, limit: int = 200) -> list[str]:
+    """Expired leases and unknowns whose next check is due, oldest first (partial indexes)."""
+    now = timezone.now()
+    expired = (
+        Operation.objects.filter(status=S.IN_PROGRESS, lease_expires_at__lte=now)
+        .order_by("lease_expires_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    due = (
+        Operation.objects.filter(next_reconcile_at__lte=now, status__in=[S.UNKNOWN, S.ACCEPTED])
+        .order_by("next_reconcile_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    return list(dict.fromkeys([*expired, *due]))

@@ -45,3 +45,26 @@ def acme_payment(acme) -> Operation:
 @pytest.fixture
 def acme_unknown(acme) -> Operation:
     return make_unknown(payment(acme, invoice_id="inv_unknown"))
+
+
+@pytest.fixture
+def sandbox(live_server, settings) -> str:
+    """The adapters talk to this test's live server; a short timeout keeps drops fast."""
+    base = f"{live_server.url}/sandbox"
+    settings.PAYMENTS_API_BASE = f"{base}/payments"
+    settings.CRM_API_BASE = f"{base}/crm"
+    settings.MAIL_API_BASE = f"{base}/mail"
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
+    return base
+
+
+@pytest.fixture
+def sandbox_worker_env(sandbox) -> dict[str, str]:
+    """The same provider settings, for worker processes started by a test."""
+    return {
+        "PAYMENTS_API_BASE": f"{sandbox}/payments",
+        "CRM_API_BASE": f"{sandbox}/crm",
+        "MAIL_API_BASE": f"{sandbox}/mail",
+        "PAYMENTS_SEARCH_LAG_SECONDS": "0",
+    }

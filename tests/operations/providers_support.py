@@ -4,22 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from operations.ids import new_id
 from operations.providers.base import OperationSnapshot
-
-
-@pytest.fixture
-def sandbox(live_server, settings) -> str:
-    """The adapters talk to this test's live server; a short timeout keeps drops fast."""
-    base = f"{live_server.url}/sandbox"
-    settings.PAYMENTS_API_BASE = f"{base}/payments"
-    settings.CRM_API_BASE = f"{base}/crm"
-    settings.MAIL_API_BASE = f"{base}/mail"
-    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
-    settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
-    return base
 
 
 def snapshot(action: str, payload: dict[str, Any], **fields: Any) -> OperationSnapshot:

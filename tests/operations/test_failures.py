@@ -38,20 +38,9 @@ def wait_for(predicate, *, timeout: float = 30, interval: float = 0.1, what: str
 
 
 @pytest.fixture
-def providers(live_server, settings):
-    """Point this process's adapters at the sandbox served by the live server."""
-    base = f"{live_server.url}/sandbox"
-    settings.PAYMENTS_API_BASE = f"{base}/payments"
-    settings.CRM_API_BASE = f"{base}/crm"
-    settings.MAIL_API_BASE = f"{base}/mail"
-    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
-    settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
-    return {
-        "PAYMENTS_API_BASE": f"{base}/payments",
-        "CRM_API_BASE": f"{base}/crm",
-        "MAIL_API_BASE": f"{base}/mail",
-        "PAYMENTS_SEARCH_LAG_SECONDS": "0",
-    }
+def providers(sandbox, sandbox_worker_env) -> dict[str, str]:
+    """Adapters here and in worker processes talk to the sandbox of the live server."""
+    return sandbox_worker_env
 
 
 def payment_posts(op: Operation):

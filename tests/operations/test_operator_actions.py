@@ -15,13 +15,7 @@ from operations.models import (
     EvidenceKind,
     Operation,
 )
-from operations.providers.base import (
-    EffectClass,
-    LookupMethod,
-    LookupOutcome,
-    LookupResult,
-    ToolContract,
-)
+from operations.sandbox.services import sandbox_fault_set, sandbox_writes
 
 RESOLVE = {
     "resolve-outcome": "succeeded",
@@ -258,32 +252,10 @@ def test_it_offers_dispute_for_an_expired_lease_only(acme, operator):
     assert op.status == "disputed" and op.lease_expires_at is None
 
 
-class _InconclusiveAdapter:
-    """In-process stand-in for a provider whose search is still lagging; makes no calls."""
-
-    contract = ToolContract(
-        provider="fake",
-        effect_class=EffectClass.IRREVERSIBLE,
-        synchronous=True,
-        lookup_methods=(LookupMethod.IDEMPOTENCY_KEY,),
-        key_retention=timedelta(hours=24),
-        same_key_retry_safe=True,
-    )
-
-    def call(self, op):
-        raise AssertionError("reconcile must never call the provider")
-
-    def lookup(self, op):
-        return LookupResult(
-            outcome=LookupOutcome.INCONCLUSIVE,
-            method=LookupMethod.IDEMPOTENCY_KEY,
-            reason="search lag",
-        )
-
-
-@pytest.mark.django_db
-def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operator, monkeypatch):
-    monkeypatch.setattr("operations.engine.core.adapter", lambda action: _InconclusiveAdapter())
+@pytest.mark.django_db(transaction=True)
+def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operator, sandbox):
+    # The sandbox's search answers 500: a real lookup that proves nothing either way.
+    sandbox_fault_set(provider="payments", kind="http_500", times=3)
     op = acme_unknown
     response = _client(operator).post(
         f"/operations/{op.id}/reconcile",
@@ -300,6 +272,7 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
     assert event.reason == "customer is asking" and event.actor_username == "operator"
     assert Evidence.objects.filter(operation=op, kind=EvidenceKind.LOOKUP).count() == 1
     assert "Attempt 1: provider lookup" in body
+    assert not sandbox_writes(provider="payments").exists()
 
 
 @pytest.mark.django_db

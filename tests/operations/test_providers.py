@@ -23,9 +23,7 @@ from operations.sandbox.services import (
     sandbox_message_deliver,
     sandbox_writes,
 )
-from tests.operations.providers_support import payment, sandbox, snapshot
-
-__all__ = ["sandbox"]
+from tests.operations.providers_support import payment, snapshot
 
 PAYMENTS = adapter_for("payments.create")
 

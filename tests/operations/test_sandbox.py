@@ -23,9 +23,7 @@ from operations.sandbox.services import (
     sandbox_requests,
     sandbox_webhooks_deliver,
 )
-from tests.operations.providers_support import payment, sandbox
-
-__all__ = ["sandbox"]
+from tests.operations.providers_support import payment
 
 PAYMENTS = adapter_for("payments.create")
 

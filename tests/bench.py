@@ -1,0 +1,307 @@
+"""`make bench`: the numbers the engine and the journal are held to, in one run.
+
+1. Operations executed end to end per second: prepared and authorized intents, executed by
+   real Celery worker processes against the sandbox payments provider served by gunicorn
+   over HTTP (target: at least 200/s on a 2-core machine).
+2. `pgbench -N` transactions per second on the same PostgreSQL, for scale.
+3. The journal list page's server time and query count at 1,000 and at 1,000,000
+   operations (target: under 100 ms, and the same query count at both sizes).
+
+Runs in its own databases (console_bench, console_pgbench) on whatever server
+DATABASE_URL (or the embedded one) names; never touches the console's own data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+BENCH_DB = "console_bench"
+PGBENCH_DB = "console_pgbench"
+E2E_OPERATIONS = int(os.environ.get("BENCH_OPERATIONS", "1000"))
+JOURNAL_ROWS = int(os.environ.get("BENCH_JOURNAL_ROWS", "1000000"))
+
+
+def say(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+def _base_url() -> str:
+    from console.env import read_config
+
+    return read_config(os.environ).database_url
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+def _recreate_database(url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_with_database(url, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _setup_django(database_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
+
+
+def _wait_http(url: str, timeout: float = 30) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def bench_end_to_end(env: dict[str, str]) -> float:
+    from django.db.models import Count
+
+    from console.tasks import ping
+    from operations.engine import operation_authorize, operation_prepare
+    from operations.models import Operation, OperationStatus
+    from operations.sandbox.models import PaymentIntent
+    from operations.services import tenant_create
+    from operations.tasks import execute_operation
+
+    port = _free_port()
+    queue = f"bench-{os.getpid()}"
+    child_env = {
+        **env,
+        "CELERY_QUEUE": queue,
+        "PAYMENTS_API_BASE": f"http://127.0.0.1:{port}/sandbox/payments",
+        "SANDBOX_ENABLED": "1",
+        "LOG_LEVEL": "WARNING",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "console.wsgi", "--bind", f"127.0.0.1:{port}",
+             "--workers", "3", "--threads", "4", "--worker-class", "gthread",
+             "--log-level", "warning"],
+            cwd=BASE_DIR, env=child_env, start_new_session=True,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "console", "worker", "-Q", queue,
+             "--concurrency", os.environ.get("BENCH_WORKER_CONCURRENCY", "8"),
+             "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+             "--prefetch-multiplier", "4"],
+            cwd=BASE_DIR, env=child_env, start_new_session=True,
+        ),
+    ]
+    try:
+        from console.celery import app
+
+        app.conf.task_default_queue = queue
+        _wait_http(f"http://127.0.0.1:{port}/healthz")
+        ping.apply_async(queue=queue).get(timeout=60)
+        tenant = tenant_create(slug="bench", name="Bench", legal_entity="Bench LLP")
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        ids = []
+        for i in range(E2E_OPERATIONS):
+            op = operation_prepare(tenant=tenant, action="payments.create", payload={
+                "invoice_id": f"inv_{i}", "beneficiary_id": f"vendor_{i % 97}",
+                "amount_minor": 1000 + i, "currency": "EUR"})
+            operation_authorize(operation_id=op.id, approved_hash=op.payload_hash,
+                                policy_version=op.policy_version, approved_by=None,
+                                expires_at=timezone.now() + timedelta(hours=1))
+            ids.append(op.id)
+        say(f"end to end: {len(ids)} authorized payments prepared; executing")
+        started = time.perf_counter()
+        for operation_id in ids:
+            execute_operation.apply_async(args=[operation_id], queue=queue)
+        deadline = time.monotonic() + 600
+        done = 0
+        while time.monotonic() < deadline:
+            done = Operation.objects.filter(id__in=ids).exclude(
+                status__in=[OperationStatus.NOT_STARTED, OperationStatus.IN_PROGRESS]
+            ).count()
+            if done == len(ids):
+                break
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        statuses = dict(Operation.objects.filter(id__in=ids).values_list("status").annotate(
+            n=Count("id")).values_list("status", "n"))
+        payments = PaymentIntent.objects.count()
+        rate = done / elapsed
+        say(f"end to end: {done} operations in {elapsed:.2f}s = {rate:.0f} ops/s "
+            f"(target >= 200/s); statuses {statuses}; sandbox payments {payments}")
+        if payments != len(ids):
+            say(f"WARNING: {payments} payments for {len(ids)} operations")
+        return rate
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def bench_pgbench(url: str) -> float | None:
+    binary = shutil.which("pgbench")
+    try:
+        import pgserver
+
+        bundled = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pgbench"
+        if bundled.exists():
+            binary = str(bundled)
+    except ImportError:
+        pass
+    if not binary:
+        say("pgbench: not found on this machine (install postgresql-client)")
+        return None
+    _recreate_database(url, PGBENCH_DB)
+    parts = urlsplit(_with_database(url, PGBENCH_DB))
+    host = parts.hostname or parse_qs(parts.query).get("host", [""])[0]
+    args = ["-h", host, "-U", parts.username or "postgres"]
+    if parts.port:
+        args += ["-p", str(parts.port)]
+    env = {**os.environ, "PGPASSWORD": parts.password or ""}
+    subprocess.run([binary, "-i", "-s", "10", "-q", *args, PGBENCH_DB], check=True, env=env,
+                   capture_output=True)
+    out = subprocess.run([binary, "-N", "-c", "4", "-j", "2", "-T", "10", *args, PGBENCH_DB],
+                         check=True, env=env, capture_output=True, text=True).stdout
+    tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+               if line.startswith("tps ="))
+    say(f"pgbench -N -c 4 -T 10: {tps:.0f} tps on the same server")
+    return tps
+
+
+def _journal_timing(client, label: str) -> tuple[float, int]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.get("/operations/")  # warm caches and connections
+    times = []
+    queries = 0
+    for path in ("/operations/", "/operations/?status=unknown", "/operations/?action=payments.create"):
+        for _ in range(7):
+            with CaptureQueriesContext(connection) as ctx:
+                started = time.perf_counter()
+                response = client.get(path)
+                times.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, response.status_code
+            queries = max(queries, len(ctx.captured_queries))
+    median = statistics.median(times)
+    say(f"journal list at {label}: median {median:.1f} ms, p95 "
+        f"{sorted(times)[int(len(times) * 0.95) - 1]:.1f} ms, {queries} queries "
+        "(target < 100 ms)")
+    return median, queries
+
+
+def _insert_operations(tenant_id: int, count: int, start: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO operations_operation (
+                id, tenant_id, action, tool_name, payload, canonical_intent, payload_hash,
+                policy_version, idempotency_key, command_id, requires_approval, created_at,
+                authorized_hash, authorized_policy_version, status, status_changed_at,
+                lease_owner, external_id, provider_request_id, error_code, error_message,
+                resolved_manually, attempt_count, provider_calls
+            )
+            SELECT 'op_00' || lpad(i::text, 24, '0'), %s, 'payments.create',
+                   'payments.create',
+                   jsonb_build_object('invoice_id', 'inv_' || i, 'beneficiary_id', 'vendor_'
+                       || (i %% 97), 'amount_minor', 1000 + i, 'currency', 'EUR'),
+                   '{}', 'sha256:' || md5(i::text) || md5((i + 1)::text), 'payments-v3',
+                   'ik_bench_' || i, '', true, now() - (i || ' seconds')::interval,
+                   '', '', (ARRAY['succeeded','succeeded','succeeded','failed','unknown',
+                                  'not_started','cancelled'])[1 + i %% 7],
+                   now(), '', 'pi_' || i, '', '', '', false, 1, 1
+            FROM generate_series(%s, %s) AS i
+            """,
+            [tenant_id, start, start + count - 1],
+        )
+        cursor.execute("UPDATE operations_operation SET unknown_since = now() "
+                       "WHERE status = 'unknown' AND unknown_since IS NULL")
+        cursor.execute("ANALYZE operations_operation")
+
+
+def bench_journal() -> tuple[tuple[float, int], tuple[float, int]]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from console.roles import role_grant, roles_setup
+    from operations.services import tenant_create
+
+    roles_setup()
+    tenant = tenant_create(slug="journal", name="Journal", legal_entity="Journal LLP")
+    other = tenant_create(slug="journal-other", name="Other", legal_entity="Other LLP")
+    user, _ = get_user_model().objects.get_or_create(username="bench-operator")
+    role_grant(user=user, role="Operator", tenant=tenant)
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(user)
+
+    _insert_operations(tenant.id, 1000, 1)
+    small = _journal_timing(client, "1,000 operations")
+    say(f"journal: inserting {JOURNAL_ROWS:,} operations (two tenants)…")
+    started = time.perf_counter()
+    half = (JOURNAL_ROWS - 1000) // 2
+    _insert_operations(tenant.id, half, 1001)
+    _insert_operations(other.id, JOURNAL_ROWS - 1000 - half, 1001 + half)
+    say(f"journal: inserted in {time.perf_counter() - started:.0f}s")
+    large = _journal_timing(client, f"{JOURNAL_ROWS:,} operations")
+    verdict = "same" if small[1] == large[1] else "DIFFERENT"
+    say(f"journal: query count {small[1]} at 1,000 and {large[1]} at {JOURNAL_ROWS:,} ({verdict})")
+    return small, large
+
+
+def main() -> int:
+    base_url = _base_url()
+    say(f"server: {urlsplit(base_url).hostname or parse_qs(urlsplit(base_url).query).get('host')}")
+    _recreate_database(base_url, BENCH_DB)
+    bench_url = _with_database(base_url, BENCH_DB)
+    env = {**os.environ, "DATABASE_URL": bench_url, "DEBUG": "1"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+                   cwd=BASE_DIR, env=env, check=True)
+    _setup_django(bench_url)
+    rate = bench_end_to_end(env)
+    tps = bench_pgbench(base_url)
+    small, large = bench_journal()
+    say("summary:")
+    say(f"  end to end          {rate:8.0f} ops/s   (target >= 200)")
+    if tps is not None:
+        say(f"  pgbench -N          {tps:8.0f} tps")
+    say(f"  journal @1k         {small[0]:8.1f} ms   {small[1]} queries")
+    say(f"  journal @{JOURNAL_ROWS // 1000}k      {large[0]:8.1f} ms   {large[1]} queries "
+        "(target < 100 ms, same count)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -33,6 +35,25 @@ class Answer:
         return error if isinstance(error, dict) else {}
 
 
+_client: httpx.Client | None = None
+_client_pid = 0
+_client_lock = threading.Lock()
+
+
+def _shared_client() -> httpx.Client:
+    """One pooled client per process (thread-safe). Building one loads the CA bundle, about
+    40 ms, which per call would dominate the cost of an effect; after a fork (Celery's
+    prefork pool) the child builds its own so no socket is shared across processes."""
+    global _client, _client_pid
+    pid = os.getpid()
+    if _client is None or _client_pid != pid:
+        with _client_lock:
+            if _client is None or _client_pid != pid:
+                _client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=8))
+                _client_pid = pid
+    return _client
+
+
 def send(
     method: str,
     url: str,
@@ -47,10 +68,10 @@ def send(
     # Read at call time so a settings override (tests, an operator's env change) takes effect.
     timeout = float(settings.PROVIDER_TIMEOUT_SECONDS)
     try:
-        with httpx.Client(timeout=timeout) as client:
-            response = client.request(
-                method, url, headers=all_headers, data=data, json=json, params=params
-            )
+        response = _shared_client().request(
+            method, url, headers=all_headers, data=data, json=json, params=params,
+            timeout=timeout,
+        )
     except httpx.TimeoutException as exc:
         return Answer(None, transport_error="timeout", message=str(exc) or "timed out")
     except httpx.TransportError as exc:

@@ -8,6 +8,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from console.roles import ADMIN, APPROVER, AUDITOR, OPERATOR, role_grant, roles_setup
+from operations.engine import operation_prepare
+from operations.ids import new_id
+from operations.intents import intent_canonical
+from operations.models import Checkpoint, Operation, Run, RunStatus
 from operations.services import tenant_create
 
 DEMO_USERS = (
@@ -45,13 +49,14 @@ class Command(BaseCommand):
                     user.set_password(password)
                     user.save(update_fields=["password"])
                     created.append(username)
-                    role_grant(
-                        user=user, role=role, tenant=tenants[slug], reason="demo setup"
-                    )
+                    role_grant(user=user, role=role, tenant=tenants[slug], reason="demo setup")
                 elif settings.DEMO_PASSWORD:
                     # An explicit DEMO_PASSWORD is the operator's wish on every start.
                     user.set_password(password)
                     user.save(update_fields=["password"])
+        intents = self._demo_intents(tenants)
+        if intents:
+            self.stdout.write(f"demo intents waiting for approval: {intents}")
         if created:
             self.stdout.write(f"demo users created: {', '.join(created)}")
             if generated:
@@ -62,3 +67,65 @@ class Command(BaseCommand):
                 )
         else:
             self.stdout.write("demo users already exist")
+
+    def _demo_intents(self, tenants) -> int:
+        """Intents an approver can act on right away, made by the real engine (once)."""
+        if Operation.objects.exists():
+            return 0
+        count = 0
+        for slug, invoices in (
+            (
+                "acme",
+                (
+                    ("inv_9182", "vendor_778812345", 1250000, "KZT"),
+                    ("inv_9190", "vendor_550012399", 89900, "EUR"),
+                ),
+            ),
+            ("globex", (("inv_4410", "supplier_330017", 420000, "USD"),)),
+        ):
+            tenant = tenants[slug]
+            run = Run.objects.create(
+                conversation_id=new_id("conv"),
+                tenant=tenant,
+                workflow_name="pay_invoices",
+                workflow_version=7,
+                state_schema_version=4,
+                status=RunStatus.WAITING_APPROVAL,
+            )
+            for n, (invoice, beneficiary, amount, currency) in enumerate(invoices, start=1):
+                payload = {
+                    "invoice_id": invoice,
+                    "beneficiary_id": beneficiary,
+                    "amount_minor": amount,
+                    "currency": currency,
+                }
+                state = {"invoice": invoice, "proposed_payment": payload}
+                checkpoint = Checkpoint.objects.create(
+                    run=run,
+                    sequence=n,
+                    node="prepare_payment",
+                    state=state,
+                    state_hash=intent_canonical(
+                        action="checkpoint", tenant=slug, payload=state, policy_version="-"
+                    )[1],
+                )
+                op = operation_prepare(
+                    tenant=tenant,
+                    action="payments.create",
+                    payload=payload,
+                    run=run,
+                    checkpoint=checkpoint,
+                    command_id=f"cmd_pay_{n:02d}",
+                )
+                count += 1
+                if n == 1 and slug == "acme":
+                    # The agent re-read the invoice and changed the amount: a new intent that
+                    # supersedes the first, shown to the approver as a diff.
+                    operation_prepare(
+                        tenant=tenant,
+                        action="payments.create",
+                        payload={**payload, "amount_minor": amount + 150000},
+                        supersedes=op,
+                    )
+                    count += 1
+        return count

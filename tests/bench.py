@@ -206,7 +206,8 @@ def _journal_timing(client, label: str) -> tuple[float, int]:
     client.get("/operations/")  # warm caches and connections
     times = []
     queries = 0
-    for path in ("/operations/", "/operations/?status=unknown", "/operations/?action=payments.create"):
+    paths = ("/operations/", "/operations/?status=unknown", "/operations/?action=payments.create")
+    for path in paths:
         for _ in range(7):
             with CaptureQueriesContext(connection) as ctx:
                 started = time.perf_counter()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -19,10 +17,9 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
-    WebhookSignatureError,
     request_fingerprint,
 )
-from operations.providers.signing import header_get, hmac_signature_verify
+from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
 from operations.providers.transport import Answer, call_failure, lookup_failure, send
 
 
@@ -168,20 +165,17 @@ class CrmWebhookVerifier:
             secret=settings.CRM_WEBHOOK_SECRET, header=header_get(headers, "X-CRM-Signature"),
             body=body,
         )
-        try:
-            event = json.loads(body)
-            deal = event["data"]["object"]
-            event_id = str(event["id"])
-        except (ValueError, KeyError, TypeError):
-            raise WebhookSignatureError("signed body is not a CRM event") from None
-        created = event.get("created")
+        event = signed_event_parse(body, what="CRM")
+        deal = event.object
         return WebhookFacts(
-            event_id=event_id,
-            event_type=str(event.get("type", "")),
+            event_id=event.id,
+            event_type=event.type,
             # An update names its own operation; a create carries it on the deal.
-            operation_id=str(event.get("operation_id") or deal.get("agent_operation_id") or ""),
+            operation_id=str(
+                event.body.get("operation_id") or deal.get("agent_operation_id") or ""
+            ),
             external_id=str(deal.get("id", "")),
             status=CallOutcome.SUCCEEDED,
-            created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
+            created_at=event.created_at,
             data=_deal_facts(deal),
         )

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,10 +19,9 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
-    WebhookSignatureError,
     request_fingerprint,
 )
-from operations.providers.signing import header_get, hmac_signature_verify
+from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
 from operations.providers.transport import call_failure, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
@@ -132,20 +130,13 @@ class MailWebhookVerifier:
             secret=settings.MAIL_WEBHOOK_SECRET, header=header_get(headers, "X-Mail-Signature"),
             body=body,
         )
-        try:
-            event = json.loads(body)
-            message = event["data"]["object"]
-            event_id = str(event["id"])
-        except (ValueError, KeyError, TypeError):
-            raise WebhookSignatureError("signed body is not a mail event") from None
-        created = event.get("created")
-        event_type = str(event.get("type", ""))
+        event = signed_event_parse(body, what="mail")
         return WebhookFacts(
-            event_id=event_id,
-            event_type=event_type,
-            operation_id=str(message.get("operation_id", "")),
-            external_id=str(message.get("id", "")),
-            status=EVENT_STATUS.get(event_type),
-            created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
-            data=_message_facts(message),
+            event_id=event.id,
+            event_type=event.type,
+            operation_id=str(event.object.get("operation_id", "")),
+            external_id=str(event.object.get("id", "")),
+            status=EVENT_STATUS.get(event.type),
+            created_at=event.created_at,
+            data=_message_facts(event.object),
         )

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,10 +19,9 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
-    WebhookSignatureError,
     request_fingerprint,
 )
-from operations.providers.signing import header_get, stripe_signature_verify
+from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
 from operations.providers.transport import call_failure, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
@@ -183,22 +181,14 @@ class PaymentsWebhookVerifier:
             secret=settings.PAYMENTS_WEBHOOK_SECRET,
             header=header_get(headers, "Stripe-Signature"), body=body,
         )
-        try:
-            event = json.loads(body)
-            intent = event["data"]["object"]
-            event_id = str(event["id"])
-        except (ValueError, KeyError, TypeError):
-            # Signed but malformed: not ours to interpret, refuse like a bad signature.
-            raise WebhookSignatureError("signed body is not a Stripe event") from None
-        metadata = intent.get("metadata") or {}
-        created = event.get("created")
-        event_type = str(event.get("type", ""))
+        event = signed_event_parse(body, what="Stripe")
+        metadata = event.object.get("metadata") or {}
         return WebhookFacts(
-            event_id=event_id,
-            event_type=event_type,
+            event_id=event.id,
+            event_type=event.type,
             operation_id=str(metadata.get("operation_id", "")),
-            external_id=str(intent.get("id", "")),
-            status=EVENT_STATUS.get(event_type),
-            created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
-            data=_facts(intent),
+            external_id=str(event.object.get("id", "")),
+            status=EVENT_STATUS.get(event.type),
+            created_at=event.created_at,
+            data=_facts(event.object),
         )

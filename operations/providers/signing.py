@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from operations.providers.base import WebhookSignatureError
 
@@ -33,7 +37,11 @@ def stripe_signature_header(*, secret: str, body: bytes, timestamp: int | None =
 
 
 def stripe_signature_verify(
-    *, secret: str, header: str, body: bytes, tolerance: int = STRIPE_TOLERANCE_SECONDS,
+    *,
+    secret: str,
+    header: str,
+    body: bytes,
+    tolerance: int = STRIPE_TOLERANCE_SECONDS,
     now: float | None = None,
 ) -> int:
     """Verify as Stripe's libraries do; returns the signed timestamp."""
@@ -73,3 +81,34 @@ def hmac_signature_verify(*, secret: str, header: str, body: bytes) -> None:
         raise WebhookSignatureError("signature header is not of the form sha256=<hex>")
     if not hmac.compare_digest(_hmac_hex(secret, body), value):
         raise WebhookSignatureError("signature does not match the body")
+
+
+@dataclass(frozen=True)
+class SignedEvent:
+    id: str
+    type: str
+    object: dict[str, Any]
+    created_at: datetime | None
+    body: dict[str, Any]
+
+
+def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
+    """The common envelope `{"id", "type", "created", "data": {"object": …}}` of a body whose
+    signature was already verified. Signed but malformed is refused like a bad signature:
+    it is not ours to interpret."""
+    try:
+        event = json.loads(body)
+        obj = event["data"]["object"]
+        event_id = str(event["id"])
+    except (ValueError, KeyError, TypeError):
+        raise WebhookSignatureError(f"signed body is not a {what} event") from None
+    if not isinstance(obj, dict):
+        raise WebhookSignatureError(f"signed body is not a {what} event")
+    created = event.get("created")
+    return SignedEvent(
+        id=event_id,
+        type=str(event.get("type", "")),
+        object=obj,
+        created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
+        body=event,
+    )

@@ -17,6 +17,7 @@ urlpatterns = [
     path("operations/", include("operations.urls")),
     path("webhooks/", include("operations.webhooks")),
     path("approvals/", include("approvals.urls")),
+    path("runs/", include("replays.urls")),
     path("admin/", admin.site.urls),
 ]
 

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import threading
+
 from ulid import ULID
 
 PREFIXES = frozenset({"conv", "run", "cp", "cmd", "op", "apr", "evt"})
+
+_lock = threading.Lock()
+_last = 0
+
+
+def _monotonic_ulid() -> ULID:
+    """A ULID that sorts after every earlier one made by this process, even within one
+    millisecond (plain ULIDs are random there), so ids made in sequence keep their order."""
+    global _last
+    with _lock:
+        candidate = int(ULID())
+        if candidate >> 80 <= _last >> 80 and _last:
+            candidate = _last + 1
+        _last = candidate
+    return ULID.from_int(candidate)
 
 
 def new_id(prefix: str) -> str:
     if prefix not in PREFIXES:
         raise ValueError(f"unknown id prefix {prefix!r}")
-    return f"{prefix}_{ULID()}"
+    return f"{prefix}_{_monotonic_ulid()}"

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from django import forms
+
+from operations.models import RunStatus
+from replays.selectors import RunFilters
+
+
+class RunFilterForm(forms.Form):
+    tenant = forms.ChoiceField(required=False)
+    workflow = forms.CharField(required=False, max_length=100)
+    status = forms.ChoiceField(required=False, choices=[("", "any"), *RunStatus.choices])
+    conversation = forms.CharField(required=False, max_length=40, label="Conversation id")
+    before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput)
+
+    def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Only the user's own tenants can be chosen; any other slug is a form error.
+        self.fields["tenant"].choices = [("", "any"), *((s, s) for s in tenant_slugs)]
+
+    def filters(self) -> RunFilters:
+        data = self.cleaned_data
+        return RunFilters(
+            tenant=data.get("tenant") or "",
+            workflow=(data.get("workflow") or "").strip(),
+            status=data.get("status") or "",
+            conversation=(data.get("conversation") or "").strip(),
+        )

@@ -1,0 +1,74 @@
+"""Reads for the lineage browser, filtered by the tenants the user may see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Count, QuerySet
+from django.http import Http404
+
+from operations.models import Checkpoint, Operation, Run
+from operations.selectors import tenant_ids_for_user
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    tenant: str = ""
+    workflow: str = ""
+    status: str = ""
+    conversation: str = ""
+
+
+def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
+    qs = Run.objects.filter(tenant_id__in=tenant_ids_for_user(user))
+    if filters.tenant:
+        qs = qs.filter(tenant__slug=filters.tenant)
+    if filters.workflow:
+        qs = qs.filter(workflow_name=filters.workflow)
+    if filters.status:
+        qs = qs.filter(status=filters.status)
+    if filters.conversation:
+        qs = qs.filter(conversation_id=filters.conversation)
+    return (
+        qs.select_related("tenant", "parent_run", "launched_by")
+        .annotate(operation_count=Count("operations", distinct=True))
+        .order_by("-id")
+    )
+
+
+def run_for_user(user, run_id: str) -> Run:
+    """One run: 404 unless the user may see its tenant."""
+    run = (
+        Run.objects.select_related("tenant", "parent_run", "parent_checkpoint", "launched_by")
+        .filter(id=run_id, tenant_id__in=tenant_ids_for_user(user))
+        .first()
+    )
+    if run is None:
+        raise Http404("no such run")
+    return run
+
+
+def run_ancestors(run: Run, *, limit: int = 50) -> list[Run]:
+    """Parent, grandparent, … oldest last; bounded so a corrupt cycle cannot hang a page."""
+    chain: list[Run] = []
+    current = run.parent_run
+    while current is not None and len(chain) < limit:
+        chain.append(current)
+        current = (
+            Run.objects.select_related("parent_run").filter(id=current.parent_run_id).first()
+            if current.parent_run_id
+            else None
+        )
+    return chain
+
+
+def run_children(run: Run) -> list[Run]:
+    return list(run.children.select_related("parent_checkpoint", "launched_by").order_by("id"))
+
+
+def run_checkpoints(run: Run) -> list[Checkpoint]:
+    return list(run.checkpoints.select_related("created_by").order_by("sequence"))
+
+
+def run_operations(run: Run) -> list[Operation]:
+    return list(run.operations.select_related("tenant", "checkpoint").order_by("id"))

@@ -1,0 +1,65 @@
+"""The lineage browser: runs, their checkpoints, their effects, and where each came from."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from operations.intents import intent_summary
+from operations.selectors import keyset_page, tenants_for_user
+from replays.forms import RunFilterForm
+from replays.selectors import (
+    RunFilters,
+    run_ancestors,
+    run_checkpoints,
+    run_children,
+    run_for_user,
+    run_operations,
+    runs_for_user,
+)
+
+PAGE_SIZE = 50
+
+
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    slugs = list(tenants_for_user(request.user).values_list("slug", flat=True))
+    form = RunFilterForm(request.GET, tenant_slugs=slugs)
+    if form.is_valid():
+        runs, next_cursor = keyset_page(
+            runs_for_user(request.user, filters=form.filters()),
+            before=form.cleaned_data.get("before"), size=PAGE_SIZE,
+        )
+    else:
+        # A filter the user may not use (another tenant's slug) shows nothing, not everything.
+        runs, next_cursor = [], None
+    query = request.GET.copy()
+    query.pop("before", None)
+    context = {"form": form, "runs": runs, "next_cursor": next_cursor,
+               "query": query.urlencode()}
+    template = "replays/runs.html#rows" if request.htmx else "replays/runs.html"
+    return render(request, template, context)
+
+
+@require_GET
+def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = run_for_user(request.user, run_id)
+    operations = [
+        (op, intent_summary(action=op.action, payload=op.payload)) for op in run_operations(run)
+    ]
+    return render(request, "replays/run.html", {
+        "run": run,
+        "ancestors": run_ancestors(run),
+        "children": run_children(run),
+        "checkpoints": run_checkpoints(run),
+        "operations": operations,
+    })
+
+
+@require_GET
+def conversation_detail(request: HttpRequest, conversation_id: str) -> HttpResponse:
+    runs = list(runs_for_user(request.user, filters=RunFilters(conversation=conversation_id)))
+    return render(request, "replays/conversation.html", {
+        "conversation_id": conversation_id, "runs": runs,
+    })

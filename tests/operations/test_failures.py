@@ -137,7 +137,7 @@ def test_it_stays_unknown_with_zero_calls_when_the_lookup_fails(acme, approver, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_leaves_an_ambiguous_crm_lookup_to_a_person(acme, providers):
+def test_it_leaves_an_ambiguous_crm_lookup_to_a_person(acme, operator, providers, client):
     op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
         "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
     assert not op.requires_approval
@@ -159,6 +159,9 @@ def test_it_leaves_an_ambiguous_crm_lookup_to_a_person(acme, providers):
     evidence = op.evidence.filter(kind="lookup").last()
     assert len(evidence.data["matches"]) == 2
     assert op.id not in engine.operations_due_for_reconcile()
+    client.force_login(operator)
+    queue = client.get("/operations/unknown/").content.decode()
+    assert op.id in queue and "a person decides" in queue
 
 
 @pytest.mark.django_db(transaction=True)

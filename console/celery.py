@@ -5,9 +5,23 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _recycle_database_connections(sender=None, **kwargs) -> None:
+    """Django's request rule around every task: keep a healthy connection (CONN_MAX_AGE),
+    drop one that is obsolete, broken or left inside a transaction. Not for eager calls,
+    which run inside the caller's connection and transaction (as Celery's fixup skips them)."""
+    if sender is None or getattr(sender.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()

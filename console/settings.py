@@ -158,6 +158,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # acks_late tasks that a dead worker held come back after this many seconds.
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "300")),
 }
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set, so each execute paid a new PostgreSQL connection (backend start, auth, session
+# setup). With it, Celery only force-closes every this-many tasks, and the task_prerun /
+# task_postrun handlers in console/celery.py apply Django's own per-request rule in between
+# (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, never reuse one left in a
+# transaction or after an error), the same rule the web processes follow.
+CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "sweep-operations": {

@@ -57,18 +57,23 @@ def adapter(action: str) -> ProviderAdapter:
     return adapter_for(action)
 
 
-def snapshot(op: Operation) -> OperationSnapshot:
-    call = (
-        op.attempts.filter(kind=AttemptKind.CALL)
-        .order_by("-number")
-        .values("started_at", "finished_at")
-        .first()
-    )
-    last_call = None
+def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSnapshot:
+    """`last_call`: the newest CALL attempt when the caller already holds it (execute has
+    just created it), which saves reading it back."""
+    if last_call is not None:
+        call = {"started_at": last_call.started_at, "finished_at": last_call.finished_at}
+    else:
+        call = (
+            op.attempts.filter(kind=AttemptKind.CALL)
+            .order_by("-number")
+            .values("started_at", "finished_at")
+            .first()
+        )
+    last_call_at = None
     if call is not None:
         # The provider may act at any moment until the answer arrives; an unanswered call
         # may have acted until at least the client's timeout.
-        last_call = call["finished_at"] or call["started_at"] + timedelta(
+        last_call_at = call["finished_at"] or call["started_at"] + timedelta(
             seconds=float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
         )
     return OperationSnapshot(
@@ -78,7 +83,7 @@ def snapshot(op: Operation) -> OperationSnapshot:
         payload=op.payload,
         idempotency_key=op.idempotency_key,
         external_id=op.external_id,
-        last_call_at=last_call,
+        last_call_at=last_call_at,
     )
 
 

@@ -125,7 +125,8 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             data={"attempt": attempt.number, "idempotency_key": op.idempotency_key},
         )
 
-    op_snapshot = snapshot(op)
+    # The attempt just created is the newest call: no need to read it back.
+    op_snapshot = snapshot(op, last_call=attempt)
     try:
         result = adapter.call(op_snapshot)
     except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
@@ -243,5 +244,8 @@ def _record_call_result(
             data=data,
             fields=fields,
         )
+    if won:
+        # The conditional UPDATE that won set exactly this status; no need to read it back.
+        return ExecuteReport(op.id, "called", to, summary)
     op.refresh_from_db()
     return ExecuteReport(op.id, "called", op.status, summary)

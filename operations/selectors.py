@@ -6,12 +6,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db import connection
+from django.db.models import Count, Min, OuterRef, QuerySet, Subquery
 from django.http import Http404
 from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
 
-from operations.models import AuditEvent, Tenant
+from operations.models import (
+    AuditEvent,
+    Evidence,
+    EvidenceKind,
+    Operation,
+    OperationStatus,
+    Tenant,
+)
 
 
 def tenants_for_user(user, perm: str = "view_tenant") -> QuerySet[Tenant]:
@@ -65,8 +73,6 @@ def keyset_page(qs: QuerySet, *, before: int | str | None, size: int, key: str =
 
 
 def operations_for_user(user, perm: str = "view_tenant"):
-    from operations.models import Operation
-
     # The ids are fetched first on purpose: guardian's subquery compares text object_pk
     # with a cast, which hides the (tenant, id) index from the planner; a literal list keeps
     # a page of a million-row journal an index scan.
@@ -75,12 +81,6 @@ def operations_for_user(user, perm: str = "view_tenant"):
 
 def dashboard_metrics(user) -> dict:
     """Numbers for the dashboard, over the tenants the user may see."""
-    from django.db import connection
-    from django.db.models import Count, Min
-    from django.utils import timezone
-
-    from operations.models import Evidence, EvidenceKind, Operation, OperationStatus
-
     tenant_ids = tenant_ids_for_user(user)
     ops = Operation.objects.filter(tenant_id__in=tenant_ids)
     by_status = dict(
@@ -152,8 +152,6 @@ def operations_journal(user, *, filters: OperationFilters):
 
 def operations_unknown_queue(user, *, limit: int = 100):
     """The operators' queue: unknown operations, oldest first, with the last evidence."""
-    from operations.models import Evidence, Operation, OperationStatus
-
     last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
     return list(
         Operation.objects.filter(
@@ -170,8 +168,6 @@ def operations_unknown_queue(user, *, limit: int = 100):
 
 def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
     """One operation: 404 when its tenant is not visible to the user, 403 without `perm`."""
-    from operations.models import Operation
-
     op = (
         Operation.objects.select_related(
             "tenant", "run", "checkpoint", "supersedes", "authorized_by"
@@ -198,8 +194,6 @@ class TimelineEntry:
 
 def operation_timeline(op) -> list[TimelineEntry]:
     """Attempts, evidence, webhook events and audit events of one operation, in time order."""
-    from operations.models import AuditEvent
-
     # (time, source rank, row id) orders entries written in the same instant stably.
     keyed: list[tuple[tuple[datetime, int, int], TimelineEntry]] = []
     for attempt in op.attempts.order_by("number"):

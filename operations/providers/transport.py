@@ -54,6 +54,15 @@ def _shared_client() -> httpx.Client:
     return _client
 
 
+def shared_client_close() -> None:
+    """Close this process's pooled connections (a test's live server then sees them end)."""
+    global _client
+    with _client_lock:
+        if _client is not None:
+            _client.close()
+            _client = None
+
+
 def send(
     method: str,
     url: str,

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -104,6 +105,14 @@ def _authorized(request: HttpRequest, provider: str) -> bool:
     return hmac.compare_digest(request.headers.get("Authorization", ""), expected)
 
 
+def _stall(seconds: float) -> None:
+    """Hold the answer back without holding a database connection meanwhile, as a real
+    provider's stalled request would not pin one of ours (nor keep a test database busy)."""
+    if not connection.in_atomic_block:
+        connection.close()
+    time.sleep(seconds)
+
+
 def _answer(
     request: HttpRequest, provider: str, view: View, params: Params | None, operation_id: str,
     kwargs: dict[str, Any],
@@ -122,7 +131,7 @@ def _answer(
     )
     kind = fault.kind if fault else ""
     if kind == FaultKind.DELAY:
-        time.sleep(services.fault_seconds(fault))
+        _stall(services.fault_seconds(fault))
     elif kind == FaultKind.HTTP_500:
         return error(500, type="api_error", code="sandbox_fault",
                      message="An error occurred while processing your request.")
@@ -133,7 +142,7 @@ def _answer(
     if 200 <= response.status_code < 300:
         if kind == FaultKind.COMMIT_THEN_DROP:
             # The write is committed; the client gives up before this answer arrives.
-            time.sleep(services.fault_seconds(fault))
+            _stall(services.fault_seconds(fault))
         elif kind == FaultKind.HTTP_500_AFTER_COMMIT:
             return error(500, type="api_error", code="sandbox_fault",
                          message="An error occurred after the change was saved.")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -7,6 +8,7 @@ from django.utils import timezone
 
 from operations.engine import operation_prepare
 from operations.models import Operation
+from operations.providers.transport import shared_client_close
 
 PAYMENT = {
     "invoice_id": "inv_9182",
@@ -48,7 +50,7 @@ def acme_unknown(acme) -> Operation:
 
 
 @pytest.fixture
-def sandbox(live_server, settings) -> str:
+def sandbox(live_server, settings) -> Iterator[str]:
     """The adapters talk to this test's live server; a short timeout keeps drops fast."""
     base = f"{live_server.url}/sandbox"
     settings.PAYMENTS_API_BASE = f"{base}/payments"
@@ -56,7 +58,10 @@ def sandbox(live_server, settings) -> str:
     settings.MAIL_API_BASE = f"{base}/mail"
     settings.PROVIDER_TIMEOUT_SECONDS = 1.0
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
-    return base
+    yield base
+    # Pooled keep-alive connections keep the live server's request threads, and their
+    # database sessions, open past the test; closing them lets both end.
+    shared_client_close()
 
 
 @pytest.fixture

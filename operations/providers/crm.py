@@ -17,10 +17,9 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
-    request_fingerprint,
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
-from operations.providers.transport import Answer, call_failure, lookup_failure, send
+from operations.providers.transport import Answer, call_result, lookup_failure, send
 
 
 def _base() -> str:
@@ -35,28 +34,8 @@ def _deal_facts(deal: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _call_result(answer: Answer, body: Mapping[str, Any]) -> CallResult:
-    common = {
-        "request_hash": request_fingerprint(body),
-        "provider_request_id": answer.request_id,
-        "http_status": answer.status,
-    }
-    if answer.ok:
-        return CallResult(
-            outcome=CallOutcome.SUCCEEDED, external_id=str(answer.body.get("id", "")),
-            result=_deal_facts(answer.body), **common,
-        )
-    outcome, error_class, message = call_failure(answer)
-    result: dict[str, Any] = {}
-    if outcome is CallOutcome.CONFLICT:
-        # What the record is now, so a person can decide; never retried with fresh data.
-        result = {
-            "current_version": answer.error.get("current_version"),
-            "current": answer.error.get("current") or {},
-        }
-    elif answer.error:
-        result = {"error": answer.error}
-    return CallResult(
-        outcome=outcome, error_class=error_class, error_message=message, result=result, **common
+    return call_result(
+        answer, sent=body, outcome=lambda _: CallOutcome.SUCCEEDED, facts=_deal_facts
     )
 
 

@@ -19,10 +19,9 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
-    request_fingerprint,
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
-from operations.providers.transport import call_failure, lookup_failure, send
+from operations.providers.transport import call_result, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "queued": CallOutcome.ACCEPTED,
@@ -68,22 +67,10 @@ class MailSendAdapter:
             "POST", f"{_base()}/messages", api_key=settings.MAIL_API_KEY,
             headers={"Idempotency-Key": op.idempotency_key}, json=body,
         )
-        common = {
-            "request_hash": request_fingerprint(body),
-            "provider_request_id": answer.request_id,
-            "http_status": answer.status,
-        }
-        if not answer.ok:
-            outcome, error_class, message = call_failure(answer)
-            return CallResult(
-                outcome=outcome, error_class=error_class, error_message=message,
-                result={"error": answer.error} if answer.error else {}, **common,
-            )
-        return CallResult(
-            outcome=STATUS_MAP.get(str(answer.body.get("status")), CallOutcome.ACCEPTED),
-            external_id=str(answer.body.get("id", "")),
-            result=_message_facts(answer.body),
-            **common,
+        return call_result(
+            answer, sent=body,
+            outcome=lambda reply: STATUS_MAP.get(str(reply.get("status")), CallOutcome.ACCEPTED),
+            facts=_message_facts,
         )
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:

@@ -19,10 +19,9 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
-    request_fingerprint,
 )
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
-from operations.providers.transport import call_failure, lookup_failure, send
+from operations.providers.transport import call_result, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "succeeded": CallOutcome.SUCCEEDED,
@@ -92,22 +91,9 @@ class PaymentsCreateAdapter:
             "POST", f"{self._base()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
             headers={"Idempotency-Key": op.idempotency_key}, data=params,
         )
-        common = {
-            "request_hash": request_fingerprint(params),
-            "provider_request_id": answer.request_id,
-            "http_status": answer.status,
-        }
-        if not answer.ok:
-            outcome, error_class, message = call_failure(answer)
-            return CallResult(
-                outcome=outcome, error_class=error_class, error_message=message,
-                result={"error": answer.error} if answer.error else {}, **common,
-            )
-        return CallResult(
-            outcome=payment_status(str(answer.body.get("status", ""))),
-            external_id=str(answer.body.get("id", "")),
-            result=_facts(answer.body),
-            **common,
+        return call_result(
+            answer, sent=params, outcome=lambda body: payment_status(str(body.get("status", ""))),
+            facts=_facts,
         )
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -11,7 +12,13 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from operations.providers.base import CallOutcome, LookupOutcome, LookupResult
+from operations.providers.base import (
+    CallOutcome,
+    CallResult,
+    LookupOutcome,
+    LookupResult,
+    request_fingerprint,
+)
 
 # A lookup that failed on the wire may well work a little later; a person is not needed yet.
 LOOKUP_RETRY_AFTER = timedelta(seconds=30)
@@ -92,6 +99,40 @@ def send(
     if not isinstance(body, dict):
         body = {"data": body}
     return Answer(response.status_code, body, response.headers.get("Request-Id", ""))
+
+
+def call_result(
+    answer: Answer,
+    *,
+    sent: Mapping[str, Any],
+    outcome: Callable[[dict[str, Any]], CallOutcome],
+    facts: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> CallResult:
+    """The CallResult of one create/update: on a 2xx, `outcome` and `facts` read the body;
+    otherwise `call_failure` decides. A version conflict carries what the record is now, so a
+    person can decide; it is never retried with fresh data."""
+    common: dict[str, Any] = {
+        "request_hash": request_fingerprint(sent),
+        "provider_request_id": answer.request_id,
+        "http_status": answer.status,
+    }
+    if answer.ok:
+        return CallResult(
+            outcome=outcome(answer.body), external_id=str(answer.body.get("id", "")),
+            result=facts(answer.body), **common,
+        )
+    failed, error_class, message = call_failure(answer)
+    result: dict[str, Any] = {}
+    if failed is CallOutcome.CONFLICT:
+        result = {
+            "current_version": answer.error.get("current_version"),
+            "current": answer.error.get("current") or {},
+        }
+    elif answer.error:
+        result = {"error": answer.error}
+    return CallResult(
+        outcome=failed, error_class=error_class, error_message=message, result=result, **common
+    )
 
 
 def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:

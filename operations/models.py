@@ -259,7 +259,6 @@ class Operation(models.Model):
     error_code = models.CharField(max_length=60, blank=True)
     error_message = models.TextField(blank=True)
     resolved_manually = models.BooleanField(default=False)
-    attempt_count = models.PositiveIntegerField(default=0)
     provider_calls = models.PositiveIntegerField(default=0)
 
     class Meta:

@@ -278,7 +278,7 @@ def _insert_operations(tenant_ids: list[int], count: int, start: int) -> None:
                 policy_version, idempotency_key, command_id, requires_approval, created_at,
                 authorized_hash, authorized_policy_version, status, status_changed_at,
                 lease_owner, external_id, provider_request_id, error_code, error_message,
-                resolved_manually, attempt_count, provider_calls
+                resolved_manually, provider_calls
             )
             SELECT 'op_00' || lpad(i::text, 24, '0'), (%s::bigint[])[1 + i %% %s],
                    'payments.create',
@@ -289,7 +289,7 @@ def _insert_operations(tenant_ids: list[int], count: int, start: int) -> None:
                    'ik_bench_' || i, '', true, now() - (i || ' seconds')::interval,
                    '', '', (ARRAY['succeeded','succeeded','succeeded','failed','unknown',
                                   'not_started','cancelled'])[1 + i %% 7],
-                   now(), '', 'pi_' || i, '', '', '', false, 1, 1
+                   now(), '', 'pi_' || i, '', '', '', false, 1
             FROM generate_series(%s, %s) AS i
             """,
             [tenant_ids, len(tenant_ids), start, start + count - 1],

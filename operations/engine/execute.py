@@ -1,5 +1,7 @@
 """Execute: claim with a lease, check the authorization, call once, record what came back."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -101,7 +103,6 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             status_changed_at=now,
             lease_owner=worker,
             lease_expires_at=now + lease_duration(),
-            attempt_count=F("attempt_count") + 1,
             provider_calls=F("provider_calls") + 1,
             unknown_since=None,
             next_reconcile_at=None,

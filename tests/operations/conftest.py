@@ -32,7 +32,6 @@ def make_unknown(op: Operation, *, ago: timedelta = timedelta(minutes=5)) -> Ope
         unknown_since=since,
         status_changed_at=since,
         error_code="timeout",
-        attempt_count=1,
         provider_calls=1,
     )
     op.refresh_from_db()

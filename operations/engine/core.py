@@ -1,5 +1,7 @@
 """What every engine step shares: the one conditional-UPDATE transition, leases, snapshots."""
 
+from __future__ import annotations
+
 import logging
 import os
 import socket
@@ -136,7 +138,14 @@ def transition(
     if extra is not None:
         condition &= extra
     with transaction.atomic():
-        before = Operation.objects.filter(id=op.id).values("status", "unknown_since").first()
+        # Locked, so the status the evidence records as "from" is the one this UPDATE
+        # changed, not one a concurrent transition replaced between the two statements.
+        before = (
+            Operation.objects.select_for_update()
+            .filter(id=op.id)
+            .values("status", "unknown_since")
+            .first()
+        )
         won = Operation.objects.filter(condition).update(**values) == 1
         if not won:
             return False

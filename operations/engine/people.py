@@ -1,5 +1,7 @@
 """What operators do by hand: resolve, dispute, cancel. Always with a reason and evidence."""
 
+from __future__ import annotations
+
 from typing import Any
 
 from django.db.models import Q

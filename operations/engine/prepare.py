@@ -1,5 +1,7 @@
 """Prepare and authorize: the intent is recorded, and approved, before anything is called."""
 
+from __future__ import annotations
+
 from typing import Any
 
 from django.db import transaction

@@ -1,5 +1,7 @@
 """Reconcile: read the provider and move the journal toward the fact. Never creates."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -148,14 +150,9 @@ def _record_lookup(
     if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:
         to = LOOKUP_STATUS[found.status]
         if to == op.status:
-            Evidence.objects.create(
-                operation=op,
-                kind=EvidenceKind.LOOKUP,
-                from_status=op.status,
-                to_status=to,
-                summary=f"provider still reports {found.status} for {found.external_id}",
-                data=data,
-                actor=actor,
+            _lookup_noted(
+                op, summary=f"provider still reports {found.status} for {found.external_id}",
+                data=data, actor=actor,
             )
             return ReconcileReport(op.id, "found", op.status, "unchanged")
         fields: dict[str, Any] = {
@@ -199,16 +196,9 @@ def _record_lookup(
             )
             op.refresh_from_db()
             return ReconcileReport(op.id, "absent", op.status, "proven absent", may_call_again=True)
-        Operation.objects.filter(id=op.id, status=S.UNKNOWN).update(next_reconcile_at=None)
-        Evidence.objects.create(
-            operation=op,
-            kind=EvidenceKind.LOOKUP,
-            from_status=op.status,
-            to_status=op.status,
-            summary="proven absent, but the provider's contract does not make a new call "
-            "safe; a person decides",
-            data=data,
-            actor=actor,
+        _lookup_noted(
+            op, summary="proven absent, but the provider's contract does not make a new call "
+            "safe; a person decides", data=data, actor=actor, next_reconcile_at=None,
         )
         return ReconcileReport(op.id, "absent", op.status, "a person decides")
 
@@ -218,18 +208,31 @@ def _record_lookup(
         last_call = snapshot(op).last_call_at
         if last_call is not None and retry_at - last_call > contract.key_retention:
             retry_at = None  # past the key's retention a retry proves nothing: a person
-    Operation.objects.filter(id=op.id, status=op.status).update(next_reconcile_at=retry_at)
-    Evidence.objects.create(
-        operation=op,
-        kind=EvidenceKind.LOOKUP,
-        from_status=op.status,
-        to_status=op.status,
-        summary=f"lookup inconclusive: {found.reason or found.outcome}"
+    _lookup_noted(
+        op, summary=f"lookup inconclusive: {found.reason or found.outcome}"
         + (f"; next check {retry_at:%H:%M:%S}" if retry_at else "; waiting for a person"),
-        data=data,
-        actor=actor,
+        data=data, actor=actor, next_reconcile_at=retry_at,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+
+
+_KEEP = object()
+
+
+def _lookup_noted(
+    op: Operation, *, summary: str, data: dict[str, Any], actor, next_reconcile_at: Any = _KEEP
+) -> None:
+    """A lookup that leaves the status where it is: its evidence, and when to look again,
+    in one transaction (and only while the status is still the one looked up)."""
+    with transaction.atomic():
+        if next_reconcile_at is not _KEEP:
+            Operation.objects.filter(id=op.id, status=op.status).update(
+                next_reconcile_at=next_reconcile_at
+            )
+        Evidence.objects.create(
+            operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,
+            to_status=op.status, summary=summary, data=data, actor=actor,
+        )
 
 
 def operations_due_for_reconcile(*, limit: int = 200) -> list[str]:

@@ -1,5 +1,7 @@
 """Apply verified provider events: stored once, applied only as an allowed transition."""
 
+from __future__ import annotations
+
 from typing import Any
 
 from django.db import IntegrityError, transaction

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -115,14 +116,16 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
             object_type="operation",
             object_id=op.id,
         )
-    superseded_by = Operation.objects.filter(supersedes_id=op.id).only("id").first()
-    context = {
-        **_panel_context(request, op),
+    return render(request, DETAIL, _page_context(request, op, unmasked=unmasked))
+
+
+def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **panel: Any) -> dict:
+    return {
+        **_panel_context(request, op, **panel),
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
-        "superseded_by": superseded_by,
+        "superseded_by": Operation.objects.filter(supersedes_id=op.id).only("id").first(),
     }
-    return render(request, DETAIL, context)
 
 
 def _respond(
@@ -147,63 +150,55 @@ def _respond(
         return render(request, f"{DETAIL}#panel", context)
     if form is not None and not ok and form.errors:
         # A form error keeps what was typed: the whole page again, not a redirect.
-        superseded_by = Operation.objects.filter(supersedes_id=op.id).only("id").first()
-        context = {
-            **_panel_context(
-                request, op, forms={form_key: form}, notice=message, notice_level="error"
-            ),
-            "intent": intent_rows(action=op.action, payload=op.payload, unmasked=False),
-            "unmasked": False,
-            "superseded_by": superseded_by,
-        }
+        # Masked: this page is not the audited unmasked view.
+        context = _page_context(
+            request, op, unmasked=False, forms={form_key: form}, notice=message,
+            notice_level="error",
+        )
         return render(request, DETAIL, context, status=400)
     (messages.success if ok else messages.error)(request, message)
     return redirect(reverse("operations:detail", args=[op.id]))
 
 
+def _operator_action(
+    request: HttpRequest,
+    operation_id: str,
+    *,
+    form_class: type[ReasonForm] | type[ResolveForm],
+    prefix: str,
+    verb: str,
+    incomplete: str,
+    act: Callable[[Operation, dict[str, Any]], str],
+) -> HttpResponse:
+    """One operator button: access (404/403) first, then the form, then the engine; engine
+    refusals become a message on the page, never a 500."""
+    op = operation_for_user(request.user, operation_id, "operate_operations")
+    form = form_class(request.POST, prefix=prefix)
+    if not form.is_valid():
+        return _respond(request, op, ok=False, message=incomplete, form_key=prefix, form=form)
+    try:
+        message = act(op, form.cleaned_data)
+    except (EngineError, PermissionDenied) as exc:
+        return _respond(request, op, ok=False, message=f"{verb} refused: {exc}")
+    return _respond(request, op, ok=True, message=message)
+
+
 @require_POST
 def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpResponse:
-    op = operation_for_user(request.user, operation_id, "operate_operations")
-    form = ReasonForm(request.POST, prefix="reconcile")
-    if not form.is_valid():
-        return _respond(
-            request,
-            op,
-            ok=False,
-            message="Give a reason to reconcile.",
-            form_key="reconcile",
-            form=form,
-        )
-    try:
-        report = operation_reconcile(
-            operation_id=op.id, actor=request.user, reason=form.cleaned_data["reason"]
-        )
-    except (EngineError, PermissionDenied) as exc:
-        return _respond(request, op, ok=False, message=f"Reconcile refused: {exc}")
-    detail = f" ({report.detail})" if report.detail else ""
-    return _respond(
-        request,
-        op,
-        ok=True,
-        message=f"Reconcile: {report.outcome.replace('_', ' ')}; status {report.status}{detail}.",
+    def act(op: Operation, data: dict[str, Any]) -> str:
+        report = operation_reconcile(operation_id=op.id, actor=request.user, reason=data["reason"])
+        detail = f" ({report.detail})" if report.detail else ""
+        return f"Reconcile: {report.outcome.replace('_', ' ')}; status {report.status}{detail}."
+
+    return _operator_action(
+        request, operation_id, form_class=ReasonForm, prefix="reconcile", verb="Reconcile",
+        incomplete="Give a reason to reconcile.", act=act,
     )
 
 
 @require_POST
 def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpResponse:
-    op = operation_for_user(request.user, operation_id, "operate_operations")
-    form = ResolveForm(request.POST, prefix="resolve")
-    if not form.is_valid():
-        return _respond(
-            request,
-            op,
-            ok=False,
-            message="The resolution is incomplete.",
-            form_key="resolve",
-            form=form,
-        )
-    data = form.cleaned_data
-    try:
+    def act(op: Operation, data: dict[str, Any]) -> str:
         op = operation_resolve(
             operation_id=op.id,
             actor=request.user,
@@ -212,28 +207,21 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
             reason=data["reason"],
             provider_reference=data["provider_reference"].strip(),
         )
-    except (EngineError, PermissionDenied) as exc:
-        return _respond(request, op, ok=False, message=f"Resolve refused: {exc}")
-    return _respond(request, op, ok=True, message=f"Resolved as {op.status}.")
+        return f"Resolved as {op.status}."
+
+    return _operator_action(
+        request, operation_id, form_class=ResolveForm, prefix="resolve", verb="Resolve",
+        incomplete="The resolution is incomplete.", act=act,
+    )
 
 
 @require_POST
 def operation_dispute_view(request: HttpRequest, operation_id: str) -> HttpResponse:
-    op = operation_for_user(request.user, operation_id, "operate_operations")
-    form = ReasonForm(request.POST, prefix="dispute")
-    if not form.is_valid():
-        return _respond(
-            request,
-            op,
-            ok=False,
-            message="Give a reason to dispute.",
-            form_key="dispute",
-            form=form,
-        )
-    try:
-        op = operation_dispute(
-            operation_id=op.id, actor=request.user, reason=form.cleaned_data["reason"]
-        )
-    except (EngineError, PermissionDenied) as exc:
-        return _respond(request, op, ok=False, message=f"Dispute refused: {exc}")
-    return _respond(request, op, ok=True, message="Marked disputed: on hold until resolved.")
+    def act(op: Operation, data: dict[str, Any]) -> str:
+        operation_dispute(operation_id=op.id, actor=request.user, reason=data["reason"])
+        return "Marked disputed: on hold until resolved."
+
+    return _operator_action(
+        request, operation_id, form_class=ReasonForm, prefix="dispute", verb="Dispute",
+        incomplete="Give a reason to dispute.", act=act,
+    )

@@ -60,6 +60,9 @@ def approvals_for_user(user, *, filters: QueueFilters) -> QuerySet[Approval]:
     return qs.select_related(
         "operation", "operation__tenant", "operation__run", "operation__supersedes",
         "decided_by", "superseded_by",
+    ).prefetch_related(
+        # Each card names the approval its intent replaced: one query for the whole page.
+        "supersedes"
     )
 
 

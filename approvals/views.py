@@ -59,8 +59,9 @@ def _card(
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "diff": diff,
+        # .all() keeps the queue's prefetch; Approval's default ordering is newest first.
         "supersedes_approval": (
-            approval.supersedes.order_by("-id").first() if op.supersedes_id else None
+            next(iter(approval.supersedes.all()), None) if op.supersedes_id else None
         ),
         "run_url": _link("replays:run", op.run_id) if op.run_id else None,
         "conversation_url": (

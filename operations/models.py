@@ -286,6 +286,16 @@ class Operation(models.Model):
                 ),
                 name="operation_lease_iff_in_progress",
             ),
+            # The engine relies on this: a status other than unknown never has unknown_since,
+            # so a transition from such a status need not read the row first.
+            models.CheckConstraint(
+                condition=models.Q(status=OperationStatus.UNKNOWN, unknown_since__isnull=False)
+                | (
+                    ~models.Q(status=OperationStatus.UNKNOWN)
+                    & models.Q(unknown_since__isnull=True)
+                ),
+                name="operation_unknown_since_iff_unknown",
+            ),
             models.UniqueConstraint(fields=["action", "id"], name="operation_action_id_unique"),
         ]
         indexes = [

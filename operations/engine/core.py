@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -50,7 +51,14 @@ def lease_duration() -> timedelta:
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Who holds a lease: unique per executing thread, because the lease owner is what lets
+    a late answer land. Two threads of one worker process (Celery's threads pool) sharing a
+    name could each finish the other's claim."""
+    # The host part is cut, never the ids, to fit the 64-character column.
+    name = f"{socket.gethostname()[:40]}:{os.getpid()}"
+    if threading.current_thread() is not threading.main_thread():
+        name += f":{threading.get_native_id()}"
+    return name
 
 
 def adapter(action: str) -> ProviderAdapter:
@@ -138,14 +146,19 @@ def transition(
     if extra is not None:
         condition &= extra
     with transaction.atomic():
-        # Locked, so the status the evidence records as "from" is the one this UPDATE
-        # changed, not one a concurrent transition replaced between the two statements.
-        before = (
-            Operation.objects.select_for_update()
-            .filter(id=op.id)
-            .values("status", "unknown_since")
-            .first()
-        )
+        if len(sources) == 1 and S.UNKNOWN not in sources:
+            # A win can only have come from that one status, and every status but unknown
+            # keeps unknown_since empty: nothing to read (this is execute's hot path).
+            before = {"status": next(iter(sources)), "unknown_since": None}
+        else:
+            # Locked, so the status the evidence records as "from" is the one this UPDATE
+            # changed, not one a concurrent transition replaced between the two statements.
+            before = (
+                Operation.objects.select_for_update()
+                .filter(id=op.id)
+                .values("status", "unknown_since")
+                .first()
+            )
         won = Operation.objects.filter(condition).update(**values) == 1
         if not won:
             return False

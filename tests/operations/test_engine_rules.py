@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from operations.engine import (
     operation_execute,
     operation_prepare,
 )
+from operations.engine.core import worker_name
 from operations.intents import IntentError
 from operations.models import Attempt, AuditEvent, Evidence, Operation, OperationStatus, Run
 from tests.operations.engine_helpers import PAYMENT, authorized_payment, prepared_payment
@@ -81,8 +83,34 @@ def test_it_refuses_any_update_of_the_intent_in_the_database(acme):
     refused = pytest.raises((IntegrityError, InternalError), match="refused")
     with refused, transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("DELETE FROM operations_operation WHERE id = %s", [op.id])
+    # A full-row save() names every column, so the trigger sees it too.
+    op.payload = {**PAYMENT, "amount_minor": 1}
+    with pytest.raises((IntegrityError, InternalError), match="immutable"), transaction.atomic():
+        op.save()
     op.refresh_from_db()
     assert op.payload == PAYMENT
+
+
+@pytest.mark.django_db
+def test_it_keeps_unknown_since_exactly_while_the_operation_is_unknown(acme):
+    op = prepared_payment(acme)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Operation.objects.filter(id=op.id).update(status=S.UNKNOWN)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Operation.objects.filter(id=op.id).update(unknown_since=timezone.now())
+    op.refresh_from_db()
+    assert op.status == S.NOT_STARTED and op.unknown_since is None
+
+
+def test_it_names_each_thread_of_a_worker_process_as_its_own_lease_owner():
+    names: list[str] = []
+    threads = [threading.Thread(target=lambda: names.append(worker_name())) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(names)) == 2 and worker_name() not in names
+    assert all(len(name) <= Operation._meta.get_field("lease_owner").max_length for name in names)
 
 
 @pytest.mark.django_db

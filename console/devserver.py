@@ -83,7 +83,7 @@ def main() -> int:
         children["worker"] = _start(
             "worker",
             [python, "-m", "celery", "-A", "console", "worker", "--loglevel", "INFO",
-             "--concurrency", os.environ.get("WORKER_CONCURRENCY", "2")],
+             "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4")],
         )
         children["beat"] = _start(
             "beat", [python, "-m", "celery", "-A", "console", "beat", "--loglevel", "INFO"]

@@ -88,13 +88,16 @@ class WorkerPool:
         self.env = env
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, *, concurrency: int = 2, count: int = 1, extra_env=None) -> None:
+    def start(
+        self, *, concurrency: int = 2, count: int = 1, extra_env=None, pool: str = "threads"
+    ) -> None:
+        """`pool`: threads, as deployed (README); prefork where a test needs child processes."""
         env = {**self.env, **(extra_env or {})}
         for i in range(count):
             name = f"w{len(self.procs)}-{i}-{self.queue}@%h"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "console", "worker", "-Q", self.queue,
-                 "-n", name, "--concurrency", str(concurrency), "--pool", "prefork",
+                 "-n", name, "--concurrency", str(concurrency), "--pool", pool,
                  "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
                 cwd=BASE_DIR, env=env, start_new_session=True,
             )

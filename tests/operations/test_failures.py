@@ -47,14 +47,18 @@ def payment_posts(op: Operation):
     return sandbox_writes(provider="payments", operation_id=op.id)
 
 
+WORKER_POOLS = pytest.mark.parametrize("pool", ["threads", "prefork"])
+
+
 @pytest.mark.worker
+@WORKER_POOLS
 def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
-    acme, approver, providers, worker_pool
+    acme, approver, providers, worker_pool, pool
 ):
     op = authorized_payment(acme, approver)
     # The sandbox commits the payment, then holds its answer far past any timeout.
     sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=8)
-    worker_pool.start(concurrency=1, extra_env={
+    worker_pool.start(concurrency=1, pool=pool, extra_env={
         **providers, "PROVIDER_TIMEOUT_SECONDS": "30", "OPERATION_LEASE_SECONDS": "2",
         "CELERY_VISIBILITY_TIMEOUT": "4",
     })
@@ -71,9 +75,10 @@ def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
 
     # A new worker: the sweep turns the expired lease into `unknown` and reconciles; the
     # redelivered execute (acks_late) finds nothing left to do.
-    worker_pool.start(concurrency=2, extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "2",
-                                                 "OPERATION_LEASE_SECONDS": "2",
-                                                 "CELERY_VISIBILITY_TIMEOUT": "4"})
+    worker_pool.start(concurrency=2, pool=pool, extra_env={
+        **providers, "PROVIDER_TIMEOUT_SECONDS": "2", "OPERATION_LEASE_SECONDS": "2",
+        "CELERY_VISIBILITY_TIMEOUT": "4",
+    })
     time.sleep(2.5)  # past the lease
     sweep_operations.apply_async(queue=worker_pool.queue).get(timeout=20)
     wait_for(lambda: Operation.objects.get(id=op.id).status == S.SUCCEEDED, timeout=40,
@@ -93,13 +98,15 @@ def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
 
 
 @pytest.mark.worker
+@WORKER_POOLS
 def test_it_makes_one_call_when_eight_workers_receive_the_same_execute(
-    acme, approver, providers, worker_pool
+    acme, approver, providers, worker_pool, pool
 ):
     op = authorized_payment(acme, approver)
     # Slow the provider so all eight deliveries arrive while the first call is in flight.
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
-    worker_pool.start(concurrency=8, extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "10"})
+    worker_pool.start(concurrency=8, pool=pool,
+                      extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "10"})
     results = [execute_operation.apply_async(args=[op.id], queue=worker_pool.queue)
                for _ in range(8)]
     outcomes = sorted(r.get(timeout=60) for r in results)

@@ -1,8 +1,9 @@
 """Celery tasks: each takes an id, calls one service, and is safe to receive twice.
 
-Execute and reconcile use acks_late with reject_on_worker_lost: a worker that dies mid-task
-leaves the message to be redelivered, and the engine's claim and lease make the second
-delivery harmless.
+Execute and reconcile use acks_late: a worker that dies mid-task leaves its message
+unacknowledged, and the broker hands it out again after the visibility timeout (at once,
+under the prefork pool, when only a child process died: reject_on_worker_lost). The engine's
+claim and lease make the second delivery harmless.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """`make bench`: the numbers the engine and the journal are held to, in one run.
 
 1. Operations executed end to end per second: prepared and authorized intents, executed by
-   real Celery worker processes against the sandbox payments provider served by gunicorn
-   over HTTP (target: at least 200/s on a 2-core machine).
+   real Celery workers (threads pool and DEBUG off, as deployed) against the sandbox
+   payments provider served by gunicorn over HTTP (target: at least 200/s on a 2-core
+   machine).
+   Then the same payment creates sent straight to the sandbox by a bare HTTP client: the
+   provider stand-in's own cost on these cores, which the end-to-end figure includes.
 2. `pgbench -N` transactions per second on the same PostgreSQL, for scale.
 3. The journal list page's server time and query count at 1,000 and at 1,000,000
    operations (target: under 100 ms, and the same query count at both sizes).
@@ -99,20 +102,23 @@ def _cpu_seconds(procs: list[subprocess.Popen]) -> dict[str, float] | None:
             pass
         return total
 
-    postgres = 0.0
+    servers = {"postgres": 0.0, "redis": 0.0}
     for proc in psutil.process_iter(["name"]):
-        if (proc.info["name"] or "").startswith("postgres"):
+        name = proc.info["name"] or ""
+        kind = "postgres" if name.startswith("postgres") else "redis" if "redis" in name else ""
+        if kind:
             try:
                 times = proc.cpu_times()
-                postgres += times.user + times.system
+                servers[kind] += times.user + times.system
             except psutil.Error:
                 pass
     own = psutil.Process().cpu_times()
     return {"sandbox (gunicorn)": tree(procs[0].pid), "worker (celery)": tree(procs[1].pid),
-            "postgres": postgres, "bench": own.user + own.system}
+            **servers, "bench": own.user + own.system}
 
 
-def bench_end_to_end(env: dict[str, str]) -> float:
+def bench_end_to_end(env: dict[str, str]) -> tuple[float, float]:
+    """(operations per second end to end, sandbox payment creates per second alone)."""
     from django.db.models import Count
 
     from console.tasks import ping
@@ -204,10 +210,13 @@ def bench_end_to_end(env: dict[str, str]) -> float:
             # Backends that ended during the run are missed, so postgres is a lower bound.
             say("end to end: CPU ms per operation: " + ", ".join(
                 f"{kind} {(cpu_after[kind] - cpu_before[kind]) / done * 1000:.1f}"
-                for kind in cpu_before))
+                for kind in cpu_before if kind != "bench")
+                + f", bench (enqueue, poll) "
+                f"{(cpu_after['bench'] - cpu_before['bench']) / done * 1000:.1f}")
         if payments != len(ids):
             say(f"WARNING: {payments} payments for {len(ids)} operations")
-        return rate
+        alone = bench_provider_alone(port, procs)
+        return rate, alone
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -217,6 +226,42 @@ def bench_end_to_end(env: dict[str, str]) -> float:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def bench_provider_alone(port: int, procs: list[subprocess.Popen]) -> float:
+    """The same payment creates sent straight to the sandbox by a bare HTTP client: what the
+    provider stand-in alone costs these two cores, without our worker or journal."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    url = f"http://127.0.0.1:{port}/sandbox/payments/v1/payment_intents"
+    from django.conf import settings
+
+    headers = {"Authorization": f"Bearer {settings.PAYMENTS_API_KEY}"}
+    count = E2E_OPERATIONS
+
+    def create(client: httpx.Client, i: int) -> int:
+        return client.post(url, headers={**headers, "Idempotency-Key": f"ik_alone_{i}"}, data={
+            "amount": 1000 + i, "currency": "eur", "confirm": "true",
+            "metadata[operation_id]": f"op_alone_{i}"}).status_code
+
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=8)) as client:
+        cpu_before = _cpu_seconds(procs)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            codes = list(pool.map(lambda i: create(client, i), range(count)))
+        elapsed = time.perf_counter() - started
+        cpu_after = _cpu_seconds(procs)
+    ok = codes.count(200)
+    say(f"provider alone: {ok} sandbox payment creates in {elapsed:.2f}s = "
+        f"{ok / elapsed:.0f} requests/s from a bare client (no worker, no journal)")
+    if cpu_before and cpu_after and ok:
+        say("provider alone: CPU ms per request: " + ", ".join(
+            f"{kind} {(cpu_after[kind] - cpu_before[kind]) / ok * 1000:.1f}"
+            for kind in ("sandbox (gunicorn)", "postgres", "redis"))
+            + f", the client {(cpu_after['bench'] - cpu_before['bench']) / ok * 1000:.1f}")
+    return ok / elapsed
 
 
 def bench_pgbench(url: str) -> float | None:
@@ -341,13 +386,14 @@ def main() -> int:
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
                    cwd=BASE_DIR, env=env, check=True)
     _setup_django(bench_url)
-    rate = bench_end_to_end(env)
-    tps = bench_pgbench(base_url) if not os.environ.get("BENCH_E2E_ONLY") else None
-    if os.environ.get("BENCH_E2E_ONLY"):
+    rate, alone = bench_end_to_end(env)
+    if os.environ.get("BENCH_E2E_ONLY"):  # for iterating on the engine: the first measure only
         return 0
+    tps = bench_pgbench(base_url)
     small, large = bench_journal()
     say("summary:")
     say(f"  end to end          {rate:8.0f} ops/s   (target >= 200)")
+    say(f"  provider alone      {alone:8.0f} req/s   (the sandbox's own ceiling here)")
     if tps is not None:
         say(f"  pgbench -N          {tps:8.0f} tps")
     say(f"  journal @1k         {small[0]:8.1f} ms   {small[1]} queries")

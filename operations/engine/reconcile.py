@@ -33,6 +33,7 @@ from operations.providers.base import (
     EffectClass,
     LookupOutcome,
     LookupResult,
+    OperationSnapshot,
     ProviderAdapter,
 )
 from operations.services import audit_event_record
@@ -110,11 +111,12 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
             reason=reason,
             after={"lookup": found.outcome, "detail": found.reason},
         )
-    return _record_lookup(op, attempt, found, adapter=adapter, actor=actor)
+    return _record_lookup(op, op_snapshot, attempt, found, adapter=adapter, actor=actor)
 
 
 def _record_lookup(
     op: Operation,
+    op_snapshot: OperationSnapshot,
     attempt: Attempt,
     found: LookupResult,
     *,
@@ -205,7 +207,8 @@ def _record_lookup(
     # Inconclusive (or absent while accepted): stay where we are, with everything found.
     retry_at = now + found.retry_after if found.retry_after else None
     if contract.key_retention is not None and retry_at is not None:
-        last_call = snapshot(op).last_call_at
+        # The snapshot taken before the lookup: a lookup is not a call, so its last call stands.
+        last_call = op_snapshot.last_call_at
         if last_call is not None and retry_at - last_call > contract.key_retention:
             retry_at = None  # past the key's retention a retry proves nothing: a person
     _lookup_noted(

@@ -17,6 +17,7 @@ from operations.models import (
     Evidence,
     EvidenceKind,
     Operation,
+    WebhookEvent,
 )
 
 
@@ -25,8 +26,6 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
 
     Returns (result, message): result is "duplicate", "applied", "ignored" or "unlinked".
     """
-    from operations.models import WebhookEvent
-
     try:
         with transaction.atomic():
             event = WebhookEvent.objects.create(
@@ -71,20 +70,24 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
             fields["external_id"] = facts.external_id
         if target == S.FAILED:
             fields.update(error_code="provider_failed", error_message=facts.event_type)
-        won = transition(
-            op,
-            to=target,
-            sources={op.status},
-            extra=Q(resolved_manually=False),
-            evidence_kind=EvidenceKind.WEBHOOK,
-            summary=f"webhook {facts.event_type}",
-            data=data,
-            fields=fields,
-        )
-        message = f"applied: {op.status} → {target}" if won else "ignored: status moved meanwhile"
-        WebhookEvent.objects.filter(id=event.id).update(
-            operation=op, applied=won, outcome=message[:200]
-        )
+        # The transition and the event's link to it commit together.
+        with transaction.atomic():
+            won = transition(
+                op,
+                to=target,
+                sources={op.status},
+                extra=Q(resolved_manually=False),
+                evidence_kind=EvidenceKind.WEBHOOK,
+                summary=f"webhook {facts.event_type}",
+                data=data,
+                fields=fields,
+            )
+            message = (
+                f"applied: {op.status} → {target}" if won else "ignored: status moved meanwhile"
+            )
+            WebhookEvent.objects.filter(id=event.id).update(
+                operation=op, applied=won, outcome=message[:200]
+            )
         return ("applied" if won else "ignored"), message
     with transaction.atomic():
         WebhookEvent.objects.filter(id=event.id).update(operation=op, outcome=message[:200])

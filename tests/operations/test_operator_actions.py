@@ -15,7 +15,7 @@ from operations.models import (
     EvidenceKind,
     Operation,
 )
-from operations.sandbox.services import sandbox_fault_set, sandbox_writes
+from operations.sandbox.services import sandbox_fault_set, sandbox_requests, sandbox_writes
 
 RESOLVE = {
     "resolve-outcome": "succeeded",
@@ -257,6 +257,7 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
     # The sandbox's search answers 500: a real lookup that proves nothing either way.
     sandbox_fault_set(provider="payments", kind="http_500", times=3)
     op = acme_unknown
+    hash_before = op.payload_hash
     response = _client(operator).post(
         f"/operations/{op.id}/reconcile",
         {"reconcile-reason": "customer is asking"},
@@ -265,7 +266,7 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
     body = response.content.decode()
     assert response.status_code == 200 and "Reconcile: inconclusive" in body
     op.refresh_from_db()
-    assert op.status == "unknown" and op.payload_hash == acme_unknown.payload_hash
+    assert op.status == "unknown" and op.payload_hash == hash_before
     assert Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).count() == 1
     assert not Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).exists()
     event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
@@ -282,5 +283,12 @@ def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
     op = operation_dispute(operation_id=acme_unknown.id, actor=operator, reason="hold")
     response = _client(approver).post(f"/operations/{op.id}/resolve", RESOLVE)
     assert response.status_code == 403
+    # An operator may ask for a reconcile, but nothing reads the provider or moves a hold.
+    requests_before = sandbox_requests(provider="payments").count()
+    response = _client(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "check again"})
+    assert response.status_code == 302
     op.refresh_from_db()
     assert op.status == "disputed"
+    assert not Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).exists()
+    assert sandbox_requests(provider="payments").count() == requests_before

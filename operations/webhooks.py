@@ -9,6 +9,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from operations.engine import webhook_apply
+from operations.providers import webhook_verifier_for
 from operations.providers.base import WebhookSignatureError
 
 
@@ -16,8 +17,6 @@ from operations.providers.base import WebhookSignatureError
 @csrf_exempt  # authenticated by the provider's signature over the raw body instead
 @require_POST
 def webhook_receive(request: HttpRequest, provider: str) -> JsonResponse:
-    from operations.providers import webhook_verifier_for
-
     try:
         verifier = webhook_verifier_for(provider)
     except KeyError:

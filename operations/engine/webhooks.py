@@ -8,12 +8,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from operations import transitions
+from operations.engine import core
 from operations.engine.core import (
     LOOKUP_STATUS,
     S,
     transition,
 )
 from operations.models import (
+    Action,
     Evidence,
     EvidenceKind,
     Operation,
@@ -25,31 +27,55 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
     """Store a verified provider event once and apply it only as an allowed transition.
 
     Returns (result, message): result is "duplicate", "applied", "ignored" or "unlinked".
+    One transaction: a crash after storing the event but before applying it would otherwise
+    leave it stored, so the provider's redelivery would be answered "duplicate" and the
+    event never applied. A concurrent delivery of the same event waits on the unique index
+    and then counts as the duplicate.
     """
-    try:
-        with transaction.atomic():
-            event = WebhookEvent.objects.create(
-                provider=provider,
-                event_id=facts.event_id,
-                event_type=facts.event_type,
-                external_id=facts.external_id,
-                data=facts.data,
-                provider_created_at=facts.created_at,
-            )
-    except IntegrityError:
-        return "duplicate", f"event {facts.event_id} already received"
-
-    op = None
-    if facts.operation_id:
-        op = Operation.objects.select_related("tenant").filter(id=facts.operation_id).first()
-    if op is None and facts.external_id:
-        op = (
-            Operation.objects.select_related("tenant").filter(external_id=facts.external_id).first()
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                event = WebhookEvent.objects.create(
+                    provider=provider,
+                    event_id=facts.event_id,
+                    event_type=facts.event_type,
+                    external_id=facts.external_id,
+                    data=facts.data,
+                    provider_created_at=facts.created_at,
+                )
+        except IntegrityError:
+            return "duplicate", f"event {facts.event_id} already received"
+        op, problem = _webhook_operation(provider=provider, facts=facts)
+        if op is None:
+            WebhookEvent.objects.filter(id=event.id).update(outcome=problem[:200])
+            return "unlinked", problem
+        result, message = _webhook_transition(op, facts=facts)
+        WebhookEvent.objects.filter(id=event.id).update(
+            operation=op, applied=result == "applied", outcome=message[:200]
         )
-    if op is None:
-        WebhookEvent.objects.filter(id=event.id).update(outcome="no matching operation")
-        return "unlinked", "no matching operation"
+        return result, message
 
+
+def _webhook_operation(*, provider: str, facts) -> tuple[Operation | None, str]:
+    """The one operation of this provider the event is about, or why there is none."""
+    actions = [a for a in Action.values if core.adapter(a).contract.provider == provider]
+    ours = Operation.objects.select_related("tenant").filter(action__in=actions)
+    if facts.operation_id:
+        op = ours.filter(id=facts.operation_id).first()
+        if op is not None:
+            return op, ""
+    if facts.external_id:
+        # An external id is not unique across operations (every update of a CRM deal carries
+        # the deal's id): several matches are for a person, never "pick one".
+        matches = list(ours.filter(external_id=facts.external_id)[:2])
+        if len(matches) == 1:
+            return matches[0], ""
+        if matches:
+            return None, f"several {provider} operations carry {facts.external_id}"
+    return None, "no matching operation"
+
+
+def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
     target = LOOKUP_STATUS.get(facts.status) if facts.status else None
     data = {
         "event_id": facts.event_id,
@@ -70,33 +96,25 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
             fields["external_id"] = facts.external_id
         if target == S.FAILED:
             fields.update(error_code="provider_failed", error_message=facts.event_type)
-        # The transition and the event's link to it commit together.
-        with transaction.atomic():
-            won = transition(
-                op,
-                to=target,
-                sources={op.status},
-                extra=Q(resolved_manually=False),
-                evidence_kind=EvidenceKind.WEBHOOK,
-                summary=f"webhook {facts.event_type}",
-                data=data,
-                fields=fields,
-            )
-            message = (
-                f"applied: {op.status} → {target}" if won else "ignored: status moved meanwhile"
-            )
-            WebhookEvent.objects.filter(id=event.id).update(
-                operation=op, applied=won, outcome=message[:200]
-            )
-        return ("applied" if won else "ignored"), message
-    with transaction.atomic():
-        WebhookEvent.objects.filter(id=event.id).update(operation=op, outcome=message[:200])
-        Evidence.objects.create(
-            operation=op,
-            kind=EvidenceKind.WEBHOOK,
-            from_status=op.status,
-            to_status=op.status,
-            summary=f"webhook {facts.event_type} {message}",
+        won = transition(
+            op,
+            to=target,
+            sources={op.status},
+            extra=Q(resolved_manually=False),
+            evidence_kind=EvidenceKind.WEBHOOK,
+            summary=f"webhook {facts.event_type}",
             data=data,
+            fields=fields,
         )
+        if won:
+            return "applied", f"applied: {op.status} → {target}"
+        return "ignored", "ignored: status moved meanwhile"
+    Evidence.objects.create(
+        operation=op,
+        kind=EvidenceKind.WEBHOOK,
+        from_status=op.status,
+        to_status=op.status,
+        summary=f"webhook {facts.event_type} {message}",
+        data=data,
+    )
     return "ignored", message

@@ -12,10 +12,20 @@ from operations.engine import (
     operation_authorize,
     operation_execute,
     operation_prepare,
+    webhook_apply,
 )
 from operations.engine.core import worker_name
 from operations.intents import IntentError
-from operations.models import Attempt, AuditEvent, Evidence, Operation, OperationStatus, Run
+from operations.models import (
+    Attempt,
+    AuditEvent,
+    Evidence,
+    Operation,
+    OperationStatus,
+    Run,
+    WebhookEvent,
+)
+from operations.providers.base import CallOutcome, WebhookFacts
 from tests.operations.engine_helpers import PAYMENT, authorized_payment, prepared_payment
 
 S = OperationStatus
@@ -166,3 +176,26 @@ def test_it_lets_the_policy_authorize_what_needs_no_approval(acme):
     assert not op.requires_approval
     assert op.authorized_hash == op.payload_hash and op.authorized_by is None
     assert Evidence.objects.filter(operation=op, kind="authorization").exists()
+
+
+@pytest.mark.django_db
+def test_it_links_a_webhook_only_to_one_operation_of_the_provider_that_sent_it(acme):
+    first = prepared_payment(acme)
+    second = prepared_payment(acme, invoice_id="inv_other")
+    Operation.objects.filter(id__in=[first.id, second.id]).update(external_id="pi_shared")
+
+    # Another provider naming a payment operation is not about it.
+    result, message = webhook_apply(provider="crm", facts=WebhookFacts(
+        event_id="evt_crm_1", event_type="deal.updated", operation_id=first.id,
+        status=CallOutcome.SUCCEEDED))
+    assert (result, message) == ("unlinked", "no matching operation")
+    # Two payments carrying the same external id: a person decides, nothing is picked.
+    result, message = webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_pay_1", event_type="payment_intent.succeeded", external_id="pi_shared",
+        status=CallOutcome.SUCCEEDED))
+    assert result == "unlinked" and "several payments operations" in message
+
+    assert WebhookEvent.objects.filter(operation__isnull=True).count() == 2
+    assert not Evidence.objects.filter(operation__in=[first, second], kind="webhook").exists()
+    assert set(Operation.objects.filter(id__in=[first.id, second.id])
+               .values_list("status", flat=True)) == {S.NOT_STARTED}

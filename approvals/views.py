@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from django.contrib import messages
@@ -25,6 +24,7 @@ from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action, Tenant
 from operations.selectors import tenants_for_user
 from operations.services import audit_event_record
+from operations.views import unmask_requested
 
 QUEUE_PAGE_SIZE = 20
 
@@ -37,10 +37,7 @@ def _link(name: str, value: str) -> str | None:
         return None
 
 
-def _card(
-    approval: Approval, *, user, unmasked: bool, can_decide: bool, error: str = "",
-    notice: str = "",
-) -> dict[str, Any]:
+def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, Any]:
     op = approval.operation
     now = timezone.now()
     summary = intent_summary(action=op.action, payload=op.payload)
@@ -69,32 +66,19 @@ def _card(
         ),
         "expired_in_fact": approval.is_pending and approval.expires_at <= now,
         "can_decide": can_decide and approval.is_pending and approval.expires_at > now,
-        "error": error,
-        "notice": notice,
+        "error": "",
+        "notice": "",
     }
 
 
-def _cards(user, approvals: list[Approval], *, request: HttpRequest) -> list[dict[str, Any]]:
-    unmasked_ids = set(tenants_for_user(user, "view_unmasked").values_list("id", flat=True))
+def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
+    """Masked cards, as every list and htmx answer shows them."""
     deciding_ids = set(tenants_for_user(user, "approve_intents").values_list("id", flat=True))
-    shown: dict[Tenant, list[str]] = defaultdict(list)
-    cards = []
-    for approval in approvals:
-        tenant = approval.operation.tenant
-        unmasked = tenant.id in unmasked_ids
-        if unmasked:
-            shown[tenant].append(approval.id)
-        cards.append(
-            _card(approval, user=user, unmasked=unmasked, can_decide=tenant.id in deciding_ids)
-        )
-    for tenant, ids in shown.items():
-        # Seeing unmasked values is itself an action on record.
-        audit_event_record(
-            actor=user, action="approval.view_unmasked", tenant=tenant,
-            object_type="approval", object_id=ids[0] if len(ids) == 1 else "",
-            reason=request.path, after={"approvals": ids},
-        )
-    return cards
+    return [
+        _card(approval, unmasked=False,
+              can_decide=approval.operation.tenant_id in deciding_ids)
+        for approval in approvals
+    ]
 
 
 @require_GET
@@ -109,7 +93,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     query.pop("cursor", None)
     context = {
         "form": form,
-        "cards": _cards(request.user, page, request=request),
+        "cards": _cards(request.user, page),
         "counts": approval_counts(qs),
         "cursor": cursor,
         "next_cursor": next_cursor,
@@ -123,7 +107,18 @@ def queue(request: HttpRequest) -> HttpResponse:
 @require_GET
 def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "view_tenant")
-    (card,) = _cards(request.user, [approval], request=request)
+    tenant = approval.operation.tenant
+    unmasked = unmask_requested(request, tenant)
+    card = _card(approval, unmasked=unmasked,
+                 can_decide=request.user.has_perm("operations.approve_intents", tenant))
+    if unmasked:
+        # Seeing unmasked values is itself an action on record.
+        audit_event_record(
+            actor=request.user, action="approval.view_unmasked", tenant=tenant,
+            object_type="approval", object_id=approval.id, reason=request.path,
+            after={"approvals": [approval.id]},
+        )
+    card["may_unmask"] = request.user.has_perm("operations.view_unmasked", tenant)
     history = []
     if approval.operation.supersedes_id:
         history = list(
@@ -150,7 +145,7 @@ def _decided(
     """htmx: the card, swapped in place. Without JS: a message and a redirect (PRG)."""
     if request.htmx:
         fresh = approval_for_user(request.user, approval.id, "view_tenant")
-        (card,) = _cards(request.user, [fresh], request=request)
+        (card,) = _cards(request.user, [fresh])
         card.update(error=error, notice=notice)
         return render(
             request, "approvals/queue.html#card",

@@ -19,7 +19,7 @@ from operations.engine import (
 )
 from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
 from operations.intents import intent_rows, intent_summary
-from operations.models import Operation, OperationStatus
+from operations.models import Operation, OperationStatus, Tenant
 from operations.selectors import (
     keyset_page,
     operation_for_user,
@@ -104,10 +104,21 @@ def _panel_context(
     }
 
 
+def unmask_requested(request: HttpRequest, tenant: Tenant) -> bool:
+    """Views are masked by default: unmasked only when asked for (`?unmasked=1`, a full page,
+    never an htmx refresh) by someone holding view_unmasked on the tenant. The caller
+    records the audit event, once per such page."""
+    return (
+        request.GET.get("unmasked") == "1"
+        and not request.htmx
+        and request.user.has_perm("operations.view_unmasked", tenant)
+    )
+
+
 @require_GET
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     op = operation_for_user(request.user, operation_id)
-    unmasked = request.user.has_perm("operations.view_unmasked", op.tenant)
+    unmasked = unmask_requested(request, op.tenant)
     if unmasked:
         audit_event_record(
             actor=request.user,
@@ -116,7 +127,9 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
             object_type="operation",
             object_id=op.id,
         )
-    return render(request, DETAIL, _page_context(request, op, unmasked=unmasked))
+    context = _page_context(request, op, unmasked=unmasked)
+    context["may_unmask"] = request.user.has_perm("operations.view_unmasked", op.tenant)
+    return render(request, DETAIL, context)
 
 
 def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **panel: Any) -> dict:

@@ -41,14 +41,26 @@ def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
 
 
 def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
-    acme, admin_user, prepare_payment
+    acme, admin_user, approver, prepare_payment
 ):
     approval = prepare_payment(acme)
-    html = _client(admin_user).get(reverse("approvals:detail", args=[approval.id])).content
+    client = _client(admin_user)
+    url = reverse("approvals:detail", args=[approval.id])
+    # Masked by default, even for those who may unmask; the queue never unmasks.
+    for page in (url, reverse("approvals:queue")):
+        assert BENEFICIARY not in client.get(page).content.decode()
+    htmx = client.get(url + "?unmasked=1", HTTP_HX_REQUEST="true")
+    assert BENEFICIARY not in htmx.content.decode()
+    assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
+    html = client.get(url + "?unmasked=1").content
     assert BENEFICIARY in html.decode()
     event = AuditEvent.objects.get(action="approval.view_unmasked")
     assert event.actor == admin_user
     assert event.after["approvals"] == [approval.id]
+    # Without the permission, asking changes nothing and records nothing.
+    html = _client(approver).get(url + "?unmasked=1").content.decode()
+    assert BENEFICIARY not in html and "Show unmasked" not in html
+    assert AuditEvent.objects.filter(action="approval.view_unmasked").count() == 1
 
 
 def test_it_never_shows_unmasked_values_on_any_approver_page(

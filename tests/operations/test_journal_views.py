@@ -191,6 +191,8 @@ def test_it_masks_the_beneficiary_and_email_on_the_detail(private_ops, who, requ
     client = _client(user)
     html = client.get(f"/operations/{pay.id}/").content.decode()
     assert "40817810099910004312" not in html and "••••4312" in html
+    asked = client.get(f"/operations/{pay.id}/?unmasked=1").content.decode()
+    assert "40817810099910004312" not in asked and "Show unmasked" not in asked
     assert pay.payload_hash in html and pay.idempotency_key in html
     html = client.get(f"/operations/{mail.id}/").content.decode()
     assert "jane.doe@example.com" not in html and "j***@example.com" in html
@@ -204,8 +206,14 @@ def test_it_masks_the_beneficiary_and_email_on_the_detail(private_ops, who, requ
 def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admin_user):
     pay, mail = private_ops
     client = _client(admin_user)
-    assert "40817810099910004312" in client.get(f"/operations/{pay.id}/").content.decode()
-    assert "jane.doe@example.com" in client.get(f"/operations/{mail.id}/").content.decode()
+    # Masked by default, even for those who may unmask.
+    html = client.get(f"/operations/{pay.id}/").content.decode()
+    assert "40817810099910004312" not in html and "Show unmasked values" in html
+    assert not AuditEvent.objects.filter(action="operation.view_unmasked").exists()
+    assert "40817810099910004312" in client.get(
+        f"/operations/{pay.id}/?unmasked=1").content.decode()
+    assert "jane.doe@example.com" in client.get(
+        f"/operations/{mail.id}/?unmasked=1").content.decode()
     events = AuditEvent.objects.filter(action="operation.view_unmasked").order_by("id")
     assert [(e.object_id, e.actor_username, e.tenant.slug) for e in events] == [
         (pay.id, "admin", "acme"),

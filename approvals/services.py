@@ -225,7 +225,13 @@ def approval_reject(*, approval_id: str, actor, reason: str) -> Approval:
                 actor=actor, action="approval.reject", approval=approval, tenant=op.tenant,
                 reason=reason, before={"status": P.PENDING}, after={"status": P.REJECTED},
             )
-            operation_cancel(operation_id=op.id, actor=actor, reason=f"rejected: {reason}")
+            if not operation_cancel(operation_id=op.id, actor=actor, reason=f"rejected: {reason}"):
+                # The operation left not_started some other way: the rejection would say
+                # something untrue, so none is recorded.
+                raise ApprovalRefused(
+                    f"The operation is already {Operation.objects.get(id=op.id).status}; "
+                    "nothing was rejected.", code="race",
+                )
     except ApprovalRefused as refusal:
         _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="reject")
         raise
@@ -258,13 +264,15 @@ def approval_expire(*, approval_id: str) -> bool:
         if not won:
             return False
         approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
+        # The approval expires whatever became of its operation; the record says which.
+        cancelled = operation_cancel(
+            operation_id=approval.operation_id, actor=None, reason="approval expired"
+        )
         _audit(
             actor=None, action="approval.expire", approval=approval,
             tenant=approval.operation.tenant, before={"status": P.PENDING},
-            after={"status": P.EXPIRED, "expires_at": approval.expires_at.isoformat()},
-        )
-        operation_cancel(
-            operation_id=approval.operation_id, actor=None, reason="approval expired"
+            after={"status": P.EXPIRED, "expires_at": approval.expires_at.isoformat(),
+                   "operation_cancelled": cancelled},
         )
     return True
 

@@ -14,6 +14,7 @@ from approvals.services import (
     approval_reject,
     approvals_expire_overdue,
 )
+from operations.engine import operation_cancel
 from operations.models import AuditEvent, Operation, OperationStatus, Run
 from tests.factories import UserFactory
 
@@ -157,6 +158,23 @@ def test_it_rejects_with_a_reason_and_cancels_the_operation(acme, approver, prep
     op = Operation.objects.get(id=approval.operation_id)
     assert op.status == OperationStatus.CANCELLED
     assert _audits("approval.reject", approval)[0].reason == "wrong vendor"
+
+
+def test_it_records_no_rejection_when_the_operation_already_left_not_started(
+    acme, approver, prepare_payment
+):
+    approval = prepare_payment(acme)
+    operation_cancel(operation_id=approval.operation_id, actor=None, reason="withdrawn")
+    with pytest.raises(ApprovalRefused, match="already cancelled; nothing was rejected"):
+        approval_reject(approval_id=approval.id, actor=approver, reason="wrong vendor")
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    assert not _audits("approval.reject", approval)
+    assert len(_audits("approval.reject_refused", approval)) == 1
+    # Its expiry still comes, and says the operation was not the one it cancelled.
+    Approval.objects.filter(id=approval.id).update(expires_at=timezone.now())
+    assert approval_expire(approval_id=approval.id) is True
+    (event,) = _audits("approval.expire", approval)
+    assert event.after["operation_cancelled"] is False
 
 
 def test_it_refuses_a_rejection_without_a_reason(acme, approver, prepare_payment):

@@ -5,24 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404
 from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
-from operations.selectors import tenants_for_user
+from operations.selectors import tenant_access_require, tenant_ids_for_user
 
 P = ApprovalStatus
-# Seeing the queue needs either permission: auditors see it, approvers act on it.
-QUEUE_PERMS = ("view_tenant", "approve_intents")
-
-
-def queue_tenant_ids(user) -> set[int]:
-    ids: set[int] = set()
-    for perm in QUEUE_PERMS:
-        ids.update(tenants_for_user(user, perm).values_list("id", flat=True))
-    return ids
 
 
 def approval_for_user(user, approval_id: str, perm: str) -> Approval:
@@ -31,17 +21,14 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     approval = (
         Approval.objects.select_related(
             "operation", "operation__tenant", "operation__run", "operation__supersedes",
-            "decided_by", "superseded_by",
+            "decided_by",
         )
         .filter(id=approval_id)
         .first()
     )
-    if approval is None or approval.operation.tenant_id not in queue_tenant_ids(user):
+    if approval is None:
         raise Http404("No such approval.")
-    if not tenants_for_user(user, perm).filter(id=approval.operation.tenant_id).exists():
-        raise PermissionDenied(
-            f"You may see this tenant's approvals but not act on them ({perm} is needed)."
-        )
+    tenant_access_require(user, approval.operation.tenant, perm, what="approval")
     return approval
 
 
@@ -51,15 +38,20 @@ class QueueFilters:
     action: str = ""
 
 
-def approvals_for_user(user, *, filters: QueueFilters) -> QuerySet[Approval]:
-    qs = Approval.objects.filter(operation__tenant_id__in=queue_tenant_ids(user))
+def approvals_for_user(
+    user, *, filters: QueueFilters, tenant_ids: list[int] | None = None
+) -> QuerySet[Approval]:
+    """`tenant_ids`: the user's visible tenants when the caller already read them."""
+    if tenant_ids is None:
+        tenant_ids = tenant_ids_for_user(user)
+    qs = Approval.objects.filter(operation__tenant_id__in=tenant_ids)
     if filters.tenant:
         qs = qs.filter(operation__tenant__slug=filters.tenant)
     if filters.action:
         qs = qs.filter(operation__action=filters.action)
     return qs.select_related(
         "operation", "operation__tenant", "operation__run", "operation__supersedes",
-        "decided_by", "superseded_by",
+        "decided_by",
     ).prefetch_related(
         # Each card names the approval its intent replaced: one query for the whole page.
         "supersedes"

@@ -17,12 +17,11 @@ from approvals.selectors import (
     approval_for_user,
     approvals_for_user,
     approvals_queue_page,
-    queue_tenant_ids,
 )
 from approvals.services import ApprovalRefused, approval_approve, approval_reject
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action, Tenant
-from operations.selectors import tenants_for_user
+from operations.selectors import tenant_ids_for_user, tenants_for_user
 from operations.services import audit_event_record
 from operations.views import unmask_requested
 
@@ -83,11 +82,12 @@ def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
 
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
-    tenants = Tenant.objects.filter(id__in=queue_tenant_ids(request.user)).order_by("slug")
+    tenant_ids = tenant_ids_for_user(request.user)
+    tenants = Tenant.objects.filter(id__in=tenant_ids).order_by("slug")
     form = QueueFilterForm(request.GET, tenants=tenants)
     filters = form.filters()
     cursor = form.cleaned_data.get("cursor", "") if form.is_valid() else ""
-    qs = approvals_for_user(request.user, filters=filters)
+    qs = approvals_for_user(request.user, filters=filters, tenant_ids=tenant_ids)
     page, next_cursor = approvals_queue_page(qs, cursor=cursor, size=QUEUE_PAGE_SIZE)
     query = request.GET.copy()
     query.pop("cursor", None)

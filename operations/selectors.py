@@ -175,11 +175,19 @@ def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
         .filter(id=operation_id)
         .first()
     )
-    if op is None or not user.has_perm("operations.view_tenant", op.tenant):
+    if op is None:
         raise Http404("no such operation")
-    if perm != "view_tenant" and not user.has_perm(f"operations.{perm}", op.tenant):
-        raise PermissionDenied(f"{perm} on {op.tenant.slug} is required")
+    tenant_access_require(user, op.tenant, perm, what="operation")
     return op
+
+
+def tenant_access_require(user, tenant: Tenant, perm: str, *, what: str) -> None:
+    """The one access rule for anything of a tenant: 404 when the tenant is not visible to
+    the user at all, 403 when it is visible but `perm` is missing."""
+    if not user.has_perm("operations.view_tenant", tenant):
+        raise Http404(f"no such {what}")
+    if perm != "view_tenant" and not user.has_perm(f"operations.{perm}", tenant):
+        raise PermissionDenied(f"{perm} on {tenant.slug} is required for this {what}")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from operations import transitions
 from operations.engine import (
     EngineError,
+    lease_expired,
     operation_dispute,
     operation_reconcile,
     operation_resolve,
+    reconcile_applies,
 )
 from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
 from operations.intents import intent_rows, intent_summary
@@ -70,14 +73,6 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     return render(request, "operations/unknown.html", {"rows": rows})
 
 
-def _lease_expired(op: Operation) -> bool:
-    return (
-        op.status == S.IN_PROGRESS
-        and op.lease_expires_at is not None
-        and op.lease_expires_at <= timezone.now()
-    )
-
-
 def _panel_context(
     request: HttpRequest,
     op: Operation,
@@ -87,15 +82,17 @@ def _panel_context(
     notice_level: str = "",
 ) -> dict[str, Any]:
     can_operate = request.user.has_perm("operations.operate_operations", op.tenant)
-    stuck = _lease_expired(op)
+    # The buttons follow the engine: reconcile and dispute where a reconcile would ask the
+    # provider (an open outcome, or a stuck lease); resolve where the table allows it.
+    can_reconcile = can_operate and reconcile_applies(op)
     forms = forms or {}
     return {
         "op": op,
-        "lease_expired": stuck,
+        "lease_expired": lease_expired(op),
         "timeline": operation_timeline(op),
-        "can_reconcile": can_operate and (op.status in (S.UNKNOWN, S.ACCEPTED) or stuck),
-        "can_resolve": can_operate and op.status in (S.UNKNOWN, S.ACCEPTED, S.DISPUTED),
-        "can_dispute": can_operate and (op.status in (S.UNKNOWN, S.ACCEPTED) or stuck),
+        "can_reconcile": can_reconcile,
+        "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
+        "can_dispute": can_reconcile,
         "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
         "resolve_form": forms.get("resolve") or ResolveForm(prefix="resolve"),
         "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),

@@ -8,7 +8,13 @@ I/O happens inside a transaction: a provider is called only between two short on
 
 from __future__ import annotations
 
-from operations.engine.core import AuthorizationRefused, EngineError, TransitionRefused
+from operations.engine.core import (
+    AuthorizationRefused,
+    EngineError,
+    TransitionRefused,
+    lease_expired,
+    reconcile_applies,
+)
 from operations.engine.execute import ExecuteReport, operation_execute
 from operations.engine.people import operation_cancel, operation_dispute, operation_resolve
 from operations.engine.prepare import operation_authorize, operation_prepare
@@ -25,6 +31,7 @@ __all__ = [
     "ExecuteReport",
     "ReconcileReport",
     "TransitionRefused",
+    "lease_expired",
     "operation_authorize",
     "operation_cancel",
     "operation_dispute",
@@ -33,5 +40,6 @@ __all__ = [
     "operation_reconcile",
     "operation_resolve",
     "operations_due_for_reconcile",
+    "reconcile_applies",
     "webhook_apply",
 ]

@@ -61,6 +61,26 @@ def worker_name() -> str:
     return name
 
 
+def lease_expired(op: Operation) -> bool:
+    """Held by a worker whose lease ran out: it may have died mid-call."""
+    return (
+        op.status == S.IN_PROGRESS
+        and op.lease_expires_at is not None
+        and op.lease_expires_at <= timezone.now()
+    )
+
+
+def outcome_open(op: Operation) -> bool:
+    """Unknown or accepted, and no person has settled it: what a lookup may still move."""
+    return op.status in (S.UNKNOWN, S.ACCEPTED) and not op.resolved_manually
+
+
+def reconcile_applies(op: Operation) -> bool:
+    """Whether a reconcile would ask the provider: an open outcome, or an expired lease
+    (which it first turns into unknown)."""
+    return outcome_open(op) or lease_expired(op)
+
+
 def adapter(action: str) -> ProviderAdapter:
     from operations.providers import adapter_for
 

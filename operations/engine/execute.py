@@ -15,6 +15,7 @@ from operations.engine import core
 from operations.engine.core import (
     S,
     lease_duration,
+    lease_expired,
     logger,
     next_attempt_number,
     snapshot,
@@ -57,12 +58,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
     if op.status in (S.FAILED, S.CANCELLED, S.DISPUTED, S.ACCEPTED):
         return ExecuteReport(op.id, "nothing_to_do", op.status)
 
-    lease_expired = (
-        op.status == S.IN_PROGRESS
-        and op.lease_expires_at is not None
-        and op.lease_expires_at <= timezone.now()
-    )
-    if op.status == S.UNKNOWN or lease_expired:
+    if op.status == S.UNKNOWN or lease_expired(op):
         # Never call after an unknown outcome without asking the provider first.
         report = operation_reconcile(operation_id=op.id)
         op.refresh_from_db()

@@ -14,8 +14,10 @@ from operations.engine import core
 from operations.engine.core import (
     LOOKUP_STATUS,
     S,
+    lease_expired,
     logger,
     next_attempt_number,
+    outcome_open,
     require_perm,
     snapshot,
     transition,
@@ -71,14 +73,10 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     if actor is not None:
         require_perm(actor, "operate_operations", op)
-    if (
-        op.status == S.IN_PROGRESS
-        and op.lease_expires_at is not None
-        and op.lease_expires_at <= timezone.now()
-    ):
+    if lease_expired(op):
         _expire_lease(op)
         op.refresh_from_db()
-    if op.status not in (S.UNKNOWN, S.ACCEPTED) or op.resolved_manually:
+    if not outcome_open(op):
         return ReconcileReport(op.id, "nothing_to_do", op.status)
 
     adapter = core.adapter(op.action)
@@ -146,7 +144,7 @@ def _record_lookup(
     }
     contract = adapter.contract
     op.refresh_from_db()
-    if op.status not in (S.UNKNOWN, S.ACCEPTED) or op.resolved_manually:
+    if not outcome_open(op):
         return ReconcileReport(op.id, "nothing_to_do", op.status, "settled meanwhile")
 
     if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:

@@ -86,9 +86,9 @@ class SandboxRequest(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """Stripe's idempotency: one row per (api key, key), inserted before the work starts."""
+    """Stripe's idempotency: one row per key, inserted before the work starts. (Stripe scopes
+    keys by account; the sandbox serves one account, whose API key every request carries.)"""
 
-    api_key = models.CharField(max_length=120)
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=71)
     # Null while the first request is in flight: a concurrent same-key request gets 409.
@@ -98,7 +98,7 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["api_key", "key"], name="sandbox_idempotency_key"),
+            models.UniqueConstraint(fields=["key"], name="sandbox_idempotency_key"),
         ]
 
     def __str__(self) -> str:

@@ -287,21 +287,19 @@ def sandbox_webhooks_deliver(*, target_base_url: str) -> int:
 # --- payments -----------------------------------------------------------------------------
 
 
-def idempotency_claim(
-    *, api_key: str, key: str, fingerprint: str
-) -> tuple[IdempotencyRecord, bool]:
+def idempotency_claim(*, key: str, fingerprint: str) -> tuple[IdempotencyRecord, bool]:
     """Insert the claim in its own transaction, before any work; (record, claimed by us)."""
     for _ in range(3):
         now = timezone.now()
         try:
             with transaction.atomic():
                 record = IdempotencyRecord.objects.create(
-                    api_key=api_key, key=key, fingerprint=fingerprint, created_at=now
+                    key=key, fingerprint=fingerprint, created_at=now
                 )
             return record, True
         except IntegrityError:
             pass
-        record = IdempotencyRecord.objects.filter(api_key=api_key, key=key).first()
+        record = IdempotencyRecord.objects.filter(key=key).first()
         if record is None:
             continue  # the other claimant released it a moment ago: claim again
         if record.response_status is not None and record.created_at < now - KEY_RETENTION:
@@ -448,22 +446,22 @@ def sandbox_deal_update(
 def sandbox_message_create(
     *, to: str, template: str, params: dict[str, Any], operation_id: str,
     idempotency_key: str, fingerprint: str,
-) -> tuple[Message, bool]:
-    """(message, created). A known key returns the message it made the first time."""
+) -> Message:
+    """A known key returns the message it made the first time."""
     if idempotency_key:
         existing = Message.objects.filter(idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing, False
+            return existing
     try:
         with transaction.atomic():
             message = Message.objects.create(
                 to=to, template=template, params=params, operation_id=operation_id,
                 idempotency_key=idempotency_key or None, fingerprint=fingerprint,
             )
-        return message, True
+        return message
     except IntegrityError:
         # A concurrent request with the same key won the unique constraint.
-        return Message.objects.get(idempotency_key=idempotency_key), False
+        return Message.objects.get(idempotency_key=idempotency_key)
 
 
 def sandbox_message_deliver(*, message_id: str, status: str = "delivered") -> Message:

@@ -155,13 +155,15 @@ def endpoint(provider: str) -> Callable[[View], View]:
         def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
             params = _params(request)
             operation_id = _operation_id(params or {})
+            # Computed once: the log, the idempotency claim and the key-reuse check use it.
+            request.params_fingerprint = request_fingerprint(params) if params is not None else ""
             rid = request_id()
             # Logged before the work, so a request whose answer is dropped is counted too.
             log = SandboxRequest.objects.create(
                 provider=provider, method=(request.method or "")[:10], path=request.path[:300],
                 idempotency_key=request.headers.get("Idempotency-Key", "")[:255],
                 operation_id=operation_id[:120],
-                params_hash=request_fingerprint(params) if params is not None else "",
+                params_hash=request.params_fingerprint,
                 request_id=rid,
             )
             response = _answer(request, provider, view, params, operation_id, kwargs)
@@ -214,12 +216,9 @@ def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
         if problem:
             return problem
         return JsonResponse(services.sandbox_payment_create(**fields))
-    api_key = request.headers.get("Authorization", "").removeprefix("Bearer ")
-    record, claimed = services.idempotency_claim(
-        api_key=api_key, key=key, fingerprint=request_fingerprint(params)
-    )
+    record, claimed = services.idempotency_claim(key=key, fingerprint=request.params_fingerprint)
     if not claimed:
-        if record.fingerprint != request_fingerprint(params):
+        if record.fingerprint != request.params_fingerprint:
             return error(
                 400, type="idempotency_error", code="idempotency_key_reused",
                 message="Keys for idempotent requests can only be used with the same "
@@ -372,8 +371,8 @@ def messages(request: HttpRequest, params: Params) -> HttpResponse:
     if not isinstance(template_params, dict):
         return invalid("params must be an object", param="params")
     key = request.headers.get("Idempotency-Key", "")
-    fingerprint = request_fingerprint(params)
-    message, _created = services.sandbox_message_create(
+    fingerprint = request.params_fingerprint
+    message = services.sandbox_message_create(
         to=to, template=template, params=template_params,
         operation_id=str(params.get("operation_id", "")), idempotency_key=key,
         fingerprint=fingerprint,

@@ -81,11 +81,11 @@ def test_it_refuses_a_wrong_key_and_stamps_every_answer_with_a_request_id(sandbo
     assert logged == [("payments", "POST", 401), ("crm", "GET", 404)]
 
 
-def test_it_answers_409_while_the_same_key_is_in_flight(sandbox, settings):
+def test_it_answers_409_while_the_same_key_is_in_flight(sandbox):
     op = payment()
     params = PAYMENTS.params(op)
     IdempotencyRecord.objects.create(
-        api_key=settings.PAYMENTS_API_KEY, key=op.idempotency_key,
+        key=op.idempotency_key,
         fingerprint=request_fingerprint(params), created_at=timezone.now(),
     )
 

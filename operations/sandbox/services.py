@@ -417,16 +417,16 @@ def sandbox_deal_create(
 
 
 def sandbox_deal_update(
-    *, deal_id: str, expected_version: int, patch: dict[str, Any], operation_id: str
+    *, deal: Deal, expected_version: int, patch: dict[str, Any], operation_id: str
 ) -> tuple[Deal, bool]:
-    """(deal, applied). Not applied: the version moved on; the deal is returned as it is now."""
+    """(deal, applied), from the deal as the caller read it. Not applied: the version moved
+    on; the deal is returned as it is now."""
     with transaction.atomic():
-        deal = Deal.objects.get(pk=deal_id)
         if deal.version != expected_version:
             return deal, False
         applied = [*deal.applied_operation_ids, operation_id]
         # Every change bumps the version, so a matching version means `applied` is current.
-        changed = Deal.objects.filter(pk=deal_id, version=expected_version).update(
+        changed = Deal.objects.filter(pk=deal.pk, version=expected_version).update(
             version=F("version") + 1, applied_operation_ids=applied,
             updated_at=timezone.now(), **patch,
         )

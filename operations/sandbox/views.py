@@ -339,7 +339,7 @@ def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
     if not isinstance(operation_id, str):
         return invalid("agent_operation_id must be a string", param="agent_operation_id")
     updated, applied = services.sandbox_deal_update(
-        deal_id=deal_id, expected_version=expected, patch=patch, operation_id=operation_id
+        deal=current, expected_version=expected, patch=patch, operation_id=operation_id
     )
     if not applied:
         return error(

@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -26,14 +26,6 @@ from operations.services import audit_event_record
 from operations.views import unmask_requested
 
 QUEUE_PAGE_SIZE = 20
-
-
-def _link(name: str, value: str) -> str | None:
-    """The page of a run or conversation when this build serves one; else None (text)."""
-    try:
-        return reverse(name, args=[value])
-    except NoReverseMatch:
-        return None
 
 
 def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, Any]:
@@ -58,10 +50,6 @@ def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, 
         # .all() keeps the queue's prefetch; Approval's default ordering is newest first.
         "supersedes_approval": (
             next(iter(approval.supersedes.all()), None) if op.supersedes_id else None
-        ),
-        "run_url": _link("replays:run", op.run_id) if op.run_id else None,
-        "conversation_url": (
-            _link("replays:conversation", op.run.conversation_id) if op.run_id else None
         ),
         "expired_in_fact": approval.is_pending and approval.expires_at <= now,
         "can_decide": can_decide and approval.is_pending and approval.expires_at > now,

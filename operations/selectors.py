@@ -154,13 +154,11 @@ def operations_unknown_queue(user, *, limit: int = 100):
     """The operators' queue: unknown operations, oldest first, with the last evidence."""
     last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
     return list(
-        Operation.objects.filter(
-            status=OperationStatus.UNKNOWN, tenant_id__in=tenant_ids_for_user(user)
-        )
+        operations_for_user(user)
+        .filter(status=OperationStatus.UNKNOWN)
         .select_related("tenant")
         .annotate(
             last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),
-            last_evidence_at=Subquery(last_evidence.values("created_at")[:1]),
         )
         .order_by("unknown_since", "id")[:limit]
     )

@@ -30,7 +30,7 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
     if filters.conversation:
         qs = qs.filter(conversation_id=filters.conversation)
     return (
-        qs.select_related("tenant", "parent_run", "launched_by")
+        qs.select_related("tenant", "launched_by")
         .annotate(operation_count=Count("operations", distinct=True))
         .order_by("-id")
     )
@@ -39,7 +39,7 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
 def run_for_user(user, run_id: str) -> Run:
     """One run: 404 unless the user may see its tenant."""
     run = (
-        Run.objects.select_related("tenant", "parent_run", "parent_checkpoint", "launched_by")
+        Run.objects.select_related("tenant", "launched_by")
         .filter(id=run_id, tenant_id__in=tenant_ids_for_user(user))
         .first()
     )
@@ -48,22 +48,19 @@ def run_for_user(user, run_id: str) -> Run:
     return run
 
 
-def run_ancestors(run: Run, *, limit: int = 50) -> list[Run]:
-    """Parent, grandparent, … oldest last; bounded so a corrupt cycle cannot hang a page."""
-    chain: list[Run] = []
-    current = run.parent_run
-    while current is not None and len(chain) < limit:
-        chain.append(current)
-        current = (
-            Run.objects.select_related("parent_run").filter(id=current.parent_run_id).first()
-            if current.parent_run_id
-            else None
-        )
+def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
+    """Ids of the parent, grandparent, … oldest last; bounded so a corrupt cycle cannot hang
+    a page. One small id read per generation: lineages are a few runs deep."""
+    chain: list[str] = []
+    parent_id = run.parent_run_id
+    while parent_id and len(chain) < limit:
+        chain.append(parent_id)
+        parent_id = Run.objects.filter(id=parent_id).values_list("parent_run_id", flat=True).first()
     return chain
 
 
 def run_children(run: Run) -> list[Run]:
-    return list(run.children.select_related("parent_checkpoint", "launched_by").order_by("id"))
+    return list(run.children.select_related("launched_by").order_by("id"))
 
 
 def run_checkpoints(run: Run) -> list[Checkpoint]:
@@ -71,4 +68,4 @@ def run_checkpoints(run: Run) -> list[Checkpoint]:
 
 
 def run_operations(run: Run) -> list[Operation]:
-    return list(run.operations.select_related("tenant", "checkpoint").order_by("id"))
+    return list(run.operations.order_by("id"))

@@ -18,9 +18,23 @@ def prepared_payment(tenant, **overrides) -> Operation:
                              payload={**PAYMENT, **overrides})
 
 
-def authorized_payment(tenant, approver=None, *, minutes: int = 30, **overrides) -> Operation:
+def authorized_payment(tenant, approver=None, **overrides) -> Operation:
     op = prepared_payment(tenant, **overrides)
     return operation_authorize(
         operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
-        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=minutes),
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30),
     )
+
+
+def make_unknown(op: Operation, *, ago: timedelta = timedelta(minutes=5)) -> Operation:
+    """Test-only: put an operation in `unknown` as a lost provider answer would."""
+    since = timezone.now() - ago
+    Operation.objects.filter(id=op.id).update(
+        status="unknown",
+        unknown_since=since,
+        status_changed_at=since,
+        error_code="timeout",
+        provider_calls=1,
+    )
+    op.refresh_from_db()
+    return op

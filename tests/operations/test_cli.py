@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 
 from operations.models import AuditEvent, Operation, Run
 from tests.conftest import BASE_DIR, database_url
-from tests.operations.conftest import PAYMENT, make_unknown
+from tests.operations.engine_helpers import PAYMENT, make_unknown, prepared_payment
 
 
 def _run(*args: str) -> str:
@@ -125,10 +125,8 @@ def test_it_reconciles_and_reports_nothing_to_do_for_a_fresh_intent(acme_payment
 
 @pytest.mark.django_db
 def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
-    from tests.operations.conftest import payment
-
-    first = make_unknown(payment(acme, invoice_id="inv_u1"))
-    second = make_unknown(payment(acme, invoice_id="inv_u2"))
+    first = make_unknown(prepared_payment(acme, invoice_id="inv_u1"))
+    second = make_unknown(prepared_payment(acme, invoice_id="inv_u2"))
     lines = _run("list", "--status", "unknown").splitlines()
     assert [line.split("\t")[0] for line in lines] == [second.id, first.id]
     assert _run("list", "--status", "unknown", "--limit", "1").splitlines()[0].startswith(second.id)

@@ -119,7 +119,7 @@ def test_it_makes_one_call_when_eight_workers_receive_the_same_execute(
     assert op.attempts.filter(kind=AttemptKind.CALL).count() == 1
 
 
-def make_unknown(op: Operation) -> Operation:
+def lose_the_answer(op: Operation) -> Operation:
     """A real lost answer: the sandbox commits and the 1-second client timeout fires."""
     sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
     report = engine.operation_execute(operation_id=op.id)
@@ -130,7 +130,7 @@ def make_unknown(op: Operation) -> Operation:
 
 @pytest.mark.django_db(transaction=True)
 def test_it_stays_unknown_with_zero_calls_when_the_lookup_fails(acme, approver, providers):
-    op = make_unknown(authorized_payment(acme, approver))
+    op = lose_the_answer(authorized_payment(acme, approver))
     sandbox_fault_set(provider="payments", kind="http_500", match="*", times=5)
     for _ in range(2):
         report = engine.operation_execute(operation_id=op.id)
@@ -177,7 +177,7 @@ def test_it_does_not_create_again_on_an_empty_search_inside_the_lag_window(
 ):
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 3
     sandbox_fault_set(provider="payments", kind="search_lag", match="*", seconds=3, times=50)
-    op = make_unknown(authorized_payment(acme, approver))
+    op = lose_the_answer(authorized_payment(acme, approver))
     report = engine.operation_execute(operation_id=op.id)
     op.refresh_from_db()
     assert report.outcome == "reconciled" and op.status == S.UNKNOWN

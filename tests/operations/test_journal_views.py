@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from operations.engine import operation_prepare
 from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
-from tests.operations.conftest import make_unknown, payment
+from tests.operations.engine_helpers import make_unknown, prepared_payment
 
 
 def _client(user) -> Client:
@@ -22,8 +22,8 @@ def _client(user) -> Client:
 @pytest.fixture
 def journal(acme, globex):
     return {
-        "acme": payment(acme, invoice_id="inv_acme"),
-        "globex": payment(globex, invoice_id="inv_globex"),
+        "acme": prepared_payment(acme, invoice_id="inv_acme"),
+        "globex": prepared_payment(globex, invoice_id="inv_globex"),
     }
 
 
@@ -64,10 +64,10 @@ def test_it_filters_by_status_tenant_action_run_and_age(acme, globex, admin_user
     from console.roles import role_grant
 
     role_grant(user=admin_user, role="Admin", tenant=globex)
-    fresh = payment(acme, invoice_id="inv_fresh")
-    old = payment(acme, invoice_id="inv_old")
+    fresh = prepared_payment(acme, invoice_id="inv_fresh")
+    old = prepared_payment(acme, invoice_id="inv_old")
     Operation.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=3))
-    unknown = make_unknown(payment(acme, invoice_id="inv_unk"))
+    unknown = make_unknown(prepared_payment(acme, invoice_id="inv_unk"))
     mail = operation_prepare(
         tenant=globex,
         action="mail.send",
@@ -118,7 +118,7 @@ def test_it_filters_by_run_id(acme, approver):
             "currency": "KZT",
         },
     )
-    outside = payment(acme)
+    outside = prepared_payment(acme)
     html = _client(approver).get("/operations/", {"run": run.id}).content.decode()
     assert in_run.id in html and outside.id not in html
     detail = _client(approver).get(f"/operations/{in_run.id}/").content.decode()
@@ -128,7 +128,7 @@ def test_it_filters_by_run_id(acme, approver):
 @pytest.mark.django_db
 def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approver, monkeypatch):
     monkeypatch.setattr("operations.views.PAGE_SIZE", 2)
-    ops = [payment(acme, invoice_id=f"inv_{i}") for i in range(5)]
+    ops = [prepared_payment(acme, invoice_id=f"inv_{i}") for i in range(5)]
     client = _client(approver)
     first = client.get("/operations/", {"action": "payments.create"}).content.decode()
     assert ops[4].id in first and ops[3].id in first and ops[2].id not in first
@@ -153,14 +153,14 @@ def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approv
 def test_it_keeps_the_list_query_count_flat_as_rows_grow(
     acme, globex, approver, django_assert_max_num_queries
 ):
-    payment(acme, invoice_id="inv_first")
+    prepared_payment(acme, invoice_id="inv_first")
     client = _client(approver)
     client.get("/operations/")  # warm the session and the content types
     with CaptureQueriesContext(connection) as few:
         client.get("/operations/")
     for i in range(15):
-        payment(acme, invoice_id=f"inv_more_{i}")
-        payment(globex, invoice_id=f"inv_g_{i}")
+        prepared_payment(acme, invoice_id=f"inv_more_{i}")
+        prepared_payment(globex, invoice_id=f"inv_g_{i}")
     with django_assert_max_num_queries(len(few)):
         html = client.get("/operations/").content.decode()
     assert html.count("/operations/op_") == 16
@@ -170,7 +170,7 @@ def test_it_keeps_the_list_query_count_flat_as_rows_grow(
 
 @pytest.fixture
 def private_ops(acme):
-    pay = payment(acme, beneficiary_id="acct_40817810099910004312")
+    pay = prepared_payment(acme, beneficiary_id="acct_40817810099910004312")
     mail = operation_prepare(
         tenant=acme,
         action="mail.send",
@@ -223,7 +223,7 @@ def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admi
 
 @pytest.mark.django_db
 def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, approver):
-    old = payment(acme, invoice_id="inv_v1")
+    old = prepared_payment(acme, invoice_id="inv_v1")
     new = operation_prepare(
         tenant=acme,
         action="payments.create",
@@ -247,8 +247,8 @@ def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, appro
 
 @pytest.mark.django_db
 def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, operator):
-    newer = make_unknown(payment(acme, invoice_id="inv_newer"), ago=timedelta(minutes=2))
-    older = make_unknown(payment(acme, invoice_id="inv_older"), ago=timedelta(hours=2))
+    newer = make_unknown(prepared_payment(acme, invoice_id="inv_newer"), ago=timedelta(minutes=2))
+    older = make_unknown(prepared_payment(acme, invoice_id="inv_older"), ago=timedelta(hours=2))
     Evidence.objects.create(
         operation=older,
         kind=EvidenceKind.LOOKUP,
@@ -256,8 +256,8 @@ def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, op
         to_status="unknown",
         summary="lookup inconclusive: search lag",
     )
-    hidden = make_unknown(payment(globex, invoice_id="inv_globex"))
-    settled = payment(acme, invoice_id="inv_settled")
+    hidden = make_unknown(prepared_payment(globex, invoice_id="inv_globex"))
+    settled = prepared_payment(acme, invoice_id="inv_settled")
     html = _client(operator).get("/operations/unknown/").content.decode()
     assert html.index(older.id) < html.index(newer.id)
     assert "lookup inconclusive: search lag" in html

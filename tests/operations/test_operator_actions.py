@@ -16,6 +16,7 @@ from operations.models import (
     Operation,
 )
 from operations.sandbox.services import sandbox_fault_set, sandbox_requests, sandbox_writes
+from tests.operations.engine_helpers import prepared_payment
 
 RESOLVE = {
     "resolve-outcome": "succeeded",
@@ -232,9 +233,7 @@ def test_it_shows_the_buttons_only_when_useful_and_permitted(
 
 @pytest.mark.django_db
 def test_it_offers_dispute_for_an_expired_lease_only(acme, operator):
-    from tests.operations.conftest import payment
-
-    op = payment(acme, invoice_id="inv_stuck")
+    op = prepared_payment(acme, invoice_id="inv_stuck")
     Operation.objects.filter(id=op.id).update(
         status="in_progress",
         lease_owner="w1",

@@ -45,7 +45,7 @@ def test_it_records_the_intent_with_hash_key_and_policy_before_any_call(acme):
     assert op.idempotency_key.startswith("ik_")
     assert op.requires_approval and not op.authorized_hash
     assert op.attempts.count() == 0 and op.provider_calls == 0
-    assert AuditEvent.objects.filter(action="operation.prepare", object_id=op.id).exists()
+    assert AuditEvent.objects.filter(action="operation.prepare", object_id=op.id).count() == 1
 
 
 @pytest.mark.django_db

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from approvals.models import Approval, ApprovalStatus
 from operations.models import Operation, OperationStatus
 from tests.approvals.conftest import BENEFICIARY
 from tests.factories import PASSWORD
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -80,15 +80,6 @@ def _sign_in(page, live_server, username: str) -> None:
     page.wait_for_url(f"{live_server.url}/")
 
 
-def _wait_for(predicate, *, timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     live_server, worker_pool, acme, approver, prepare_payment, page
 ):
@@ -122,7 +113,7 @@ def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     def succeeded() -> bool:
         return Operation.objects.get(id=approval.operation_id).status == OperationStatus.SUCCEEDED
 
-    _wait_for(succeeded, what="the approved payment to succeed")
+    wait_for(succeeded, timeout=60, interval=0.25, what="the approved payment to succeed")
     op = Operation.objects.get(id=approval.operation_id)
     assert op.payload_hash == approval.payload_hash
     assert op.provider_calls == 1

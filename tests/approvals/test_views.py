@@ -8,14 +8,9 @@ from approvals.models import Approval, ApprovalStatus
 from operations.models import AuditEvent
 from tests.approvals.conftest import BENEFICIARY, EMAIL
 from tests.factories import TenantFactory
+from tests.helpers import signed_in
 
 pytestmark = pytest.mark.django_db
-
-
-def _client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def _approve_url(approval: Approval) -> str:
@@ -26,7 +21,7 @@ def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
     acme, approver, prepare_payment
 ):
     approval = prepare_payment(acme)
-    response = _client(approver).get(reverse("approvals:queue"))
+    response = signed_in(approver).get(reverse("approvals:queue"))
     html = response.content.decode()
     assert response.status_code == 200
     assert approval.id in html
@@ -44,7 +39,7 @@ def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
     acme, admin_user, approver, prepare_payment
 ):
     approval = prepare_payment(acme)
-    client = _client(admin_user)
+    client = signed_in(admin_user)
     url = reverse("approvals:detail", args=[approval.id])
     # Masked by default, even for those who may unmask; the queue never unmasks.
     for page in (url, reverse("approvals:queue")):
@@ -58,7 +53,7 @@ def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
     assert event.actor == admin_user
     assert event.after["approvals"] == [approval.id]
     # Without the permission, asking changes nothing and records nothing.
-    html = _client(approver).get(url + "?unmasked=1").content.decode()
+    html = signed_in(approver).get(url + "?unmasked=1").content.decode()
     assert BENEFICIARY not in html and "Show unmasked" not in html
     assert AuditEvent.objects.filter(action="approval.view_unmasked").count() == 1
 
@@ -71,7 +66,7 @@ def test_it_never_shows_unmasked_values_on_any_approver_page(
     changed = prepare_payment(acme, supersedes=payment.operation, amount_minor=999_00,
                               beneficiary_id="vendor_778800000")
     decided = prepare_payment(acme, invoice_id="inv_2")
-    client = _client(approver)
+    client = signed_in(approver)
     client.post(reverse("approvals:reject", args=[decided.id]), {"reason": "dup"})
     pages = [
         reverse("approvals:queue"),
@@ -94,7 +89,7 @@ def test_it_never_shows_unmasked_values_on_any_approver_page(
 def test_it_shows_only_tenants_the_user_may_see(acme, globex, approver, prepare_payment):
     mine = prepare_payment(acme)
     theirs = prepare_payment(globex)
-    html = _client(approver).get(reverse("approvals:queue")).content.decode()
+    html = signed_in(approver).get(reverse("approvals:queue")).content.decode()
     assert mine.id in html
     assert theirs.id not in html
 
@@ -102,7 +97,7 @@ def test_it_shows_only_tenants_the_user_may_see(acme, globex, approver, prepare_
 def test_it_filters_by_tenant_and_action(acme, admin_user, prepare_payment, prepare_mail):
     payment = prepare_payment(acme)
     mail = prepare_mail(acme)
-    client = _client(admin_user)
+    client = signed_in(admin_user)
     html = client.get(reverse("approvals:queue") + "?action=mail.send").content.decode()
     assert mail.id in html and payment.id not in html
     html = client.get(reverse("approvals:queue") + "?tenant=globex").content.decode()
@@ -123,7 +118,7 @@ def test_it_pages_by_keyset_pending_soonest_first_then_decisions(
         Approval.objects.filter(id=approval.id).update(
             expires_at=now + timedelta(hours=4 - i)
         )
-    client = _client(approver)
+    client = signed_in(approver)
     client.post(reverse("approvals:reject", args=[approvals[0].id]), {"reason": "dup"})
     seen: list[str] = []
     url = reverse("approvals:queue")
@@ -147,7 +142,7 @@ def test_it_keeps_filters_and_cursor_in_the_poll_url(acme, approver, prepare_pay
     monkeypatch.setattr("approvals.views.QUEUE_PAGE_SIZE", 1)
     for i in range(3):
         prepare_payment(acme, invoice_id=f"inv_{i}")
-    client = _client(approver)
+    client = signed_in(approver)
     first = client.get(reverse("approvals:queue") + "?tenant=acme")
     cursor = first.context["next_cursor"]
     second = client.get(
@@ -165,7 +160,7 @@ def test_it_keeps_filters_and_cursor_in_the_poll_url(acme, approver, prepare_pay
 
 def test_it_approves_in_place_with_htmx(acme, approver, prepare_payment, no_execute):
     approval = prepare_payment(acme)
-    response = _client(approver).post(
+    response = signed_in(approver).post(
         _approve_url(approval), {"comment": "looks right"}, HTTP_HX_REQUEST="true"
     )
     html = response.content.decode()
@@ -180,7 +175,7 @@ def test_it_approves_in_place_with_htmx(acme, approver, prepare_payment, no_exec
 def test_it_approves_with_a_plain_post_and_redirects(acme, approver, prepare_payment,
                                                      no_execute):
     approval = prepare_payment(acme)
-    client = _client(approver)
+    client = signed_in(approver)
     response = client.post(_approve_url(approval), {"comment": "", "next": "/approvals/"})
     assert response.status_code == 302
     assert response["Location"] == "/approvals/"
@@ -190,15 +185,15 @@ def test_it_approves_with_a_plain_post_and_redirects(acme, approver, prepare_pay
 
 def test_it_ignores_an_offsite_next(acme, approver, prepare_payment, no_execute):
     approval = prepare_payment(acme)
-    response = _client(approver).post(_approve_url(approval), {"next": "https://evil.test/"})
+    response = signed_in(approver).post(_approve_url(approval), {"next": "https://evil.test/"})
     assert response["Location"] == reverse("approvals:detail", args=[approval.id])
 
 
 def test_it_shows_the_refusal_in_the_card(acme, approver, admin_user, prepare_payment,
                                           no_execute):
     approval = prepare_payment(acme)
-    _client(admin_user).post(_approve_url(approval))
-    response = _client(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
+    signed_in(admin_user).post(_approve_url(approval))
+    response = signed_in(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
     html = response.content.decode()
     assert response.status_code == 200
     assert "Already approved by admin at" in html
@@ -207,7 +202,7 @@ def test_it_shows_the_refusal_in_the_card(acme, approver, admin_user, prepare_pa
 
 def test_it_rejects_in_place_and_requires_a_reason(acme, approver, prepare_payment):
     approval = prepare_payment(acme)
-    client = _client(approver)
+    client = signed_in(approver)
     empty = client.post(reverse("approvals:reject", args=[approval.id]), {"reason": ""},
                         HTTP_HX_REQUEST="true")
     assert "needs a reason" in empty.content.decode()
@@ -218,7 +213,7 @@ def test_it_rejects_in_place_and_requires_a_reason(acme, approver, prepare_payme
 
 def test_it_answers_403_to_an_auditor_posting_a_decision(acme, auditor, prepare_payment):
     approval = prepare_payment(acme)
-    client = _client(auditor)
+    client = signed_in(auditor)
     assert client.get(reverse("approvals:detail", args=[approval.id])).status_code == 200
     assert approval.id in client.get(reverse("approvals:queue")).content.decode()
     assert client.post(_approve_url(approval)).status_code == 403
@@ -231,16 +226,16 @@ def test_it_answers_404_for_a_tenant_the_user_cannot_see(acme, other_tenant_user
                                                          prepare_payment):
     approval = prepare_payment(acme)
     for user in (other_tenant_user, stranger):
-        client = _client(user)
+        client = signed_in(user)
         assert client.get(reverse("approvals:detail", args=[approval.id])).status_code == 404
         assert client.post(_approve_url(approval)).status_code == 404
-    assert _client(stranger).get(reverse("approvals:detail", args=["apr_nope"])).status_code \
+    assert signed_in(stranger).get(reverse("approvals:detail", args=["apr_nope"])).status_code \
         == 404
 
 
 def test_it_answers_405_to_wrong_methods(acme, approver, prepare_payment):
     approval = prepare_payment(acme)
-    client = _client(approver)
+    client = signed_in(approver)
     assert client.get(_approve_url(approval)).status_code == 405
     assert client.get(reverse("approvals:reject", args=[approval.id])).status_code == 405
     assert client.post(reverse("approvals:queue")).status_code == 405
@@ -260,7 +255,7 @@ def test_it_shows_the_diff_of_a_superseded_intent_and_refuses_the_old_one(
 ):
     old = prepare_payment(acme)
     new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_350_000)
-    client = _client(approver)
+    client = signed_in(approver)
     html = client.get(reverse("approvals:detail", args=[new.id])).content.decode()
     assert '<del class="old">12,500.00 KZT</del>' in html
     assert '<ins class="new">13,500.00 KZT</ins>' in html
@@ -274,14 +269,14 @@ def test_it_shows_the_diff_of_a_superseded_intent_and_refuses_the_old_one(
 
 
 def test_it_shows_approvals_in_navigation(approver):
-    html = _client(approver).get("/").content.decode()
+    html = signed_in(approver).get("/").content.decode()
     assert 'href="/approvals/"' in html
 
 
 def test_it_counts_per_status(acme, approver, prepare_payment):
     prepare_payment(acme)
     TenantFactory(slug="initech")
-    response = _client(approver).get(reverse("approvals:queue"))
+    response = signed_in(approver).get(reverse("approvals:queue"))
     counts = {status: n for status, _, n in response.context["counts"]}
     assert counts["pending"] == 1 and counts["approved"] == 0
 
@@ -297,7 +292,7 @@ def test_it_tells_an_approver_the_approval_expired_and_records_the_attempt(
     Approval.objects.filter(id=approval.id).update(
         expires_at=timezone.now() - timedelta(seconds=5)
     )
-    response = _client(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
+    response = signed_in(approver).post(_approve_url(approval), HTTP_HX_REQUEST="true")
     html = response.content.decode()
     assert "This approval expired at" in html
     assert 'data-status="expired"' in html

@@ -13,7 +13,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from operations import engine
@@ -21,20 +20,10 @@ from operations.models import Attempt, AttemptKind, Operation, OperationStatus, 
 from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.services import sandbox_counts, sandbox_fault_set, sandbox_writes
 from operations.tasks import execute_operation, sweep_operations
+from tests.helpers import wait_for
 from tests.operations.engine_helpers import authorized_payment
 
 S = OperationStatus
-
-
-def wait_for(predicate, *, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        connection.close()  # see other processes' commits, not a stale snapshot
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture

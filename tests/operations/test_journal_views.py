@@ -4,19 +4,13 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from operations.engine import operation_prepare
 from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
+from tests.helpers import signed_in
 from tests.operations.engine_helpers import make_unknown, prepared_payment
-
-
-def _client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -32,12 +26,12 @@ def test_it_lists_only_operations_of_granted_tenants(
     journal, approver, other_tenant_user, stranger
 ):
     acme_id, globex_id = journal["acme"].id, journal["globex"].id
-    html = _client(approver).get("/operations/").content.decode()
+    html = signed_in(approver).get("/operations/").content.decode()
     assert acme_id in html and globex_id not in html
     assert "Pay 12,500.00 KZT to vendor_77 for invoice inv_acme" in html
-    html = _client(other_tenant_user).get("/operations/").content.decode()
+    html = signed_in(other_tenant_user).get("/operations/").content.decode()
     assert globex_id in html and acme_id not in html
-    html = _client(stranger).get("/operations/").content.decode()
+    html = signed_in(stranger).get("/operations/").content.decode()
     assert acme_id not in html and globex_id not in html
     assert "No operations match." in html
 
@@ -47,15 +41,15 @@ def test_it_answers_404_on_the_detail_for_other_tenants_and_strangers(
     journal, approver, other_tenant_user, stranger
 ):
     url = f"/operations/{journal['acme'].id}/"
-    assert _client(approver).get(url).status_code == 200
-    assert _client(other_tenant_user).get(url).status_code == 404
-    assert _client(stranger).get(url).status_code == 404
-    assert _client(approver).get("/operations/op_doesnotexist/").status_code == 404
+    assert signed_in(approver).get(url).status_code == 200
+    assert signed_in(other_tenant_user).get(url).status_code == 404
+    assert signed_in(stranger).get(url).status_code == 404
+    assert signed_in(approver).get("/operations/op_doesnotexist/").status_code == 404
 
 
 @pytest.mark.django_db
 def test_it_shows_the_operations_link_in_the_navigation(approver):
-    html = _client(approver).get("/").content.decode()
+    html = signed_in(approver).get("/").content.decode()
     assert 'href="/operations/"' in html
 
 
@@ -73,7 +67,7 @@ def test_it_filters_by_status_tenant_action_run_and_age(acme, globex, admin_user
         action="mail.send",
         payload={"to": "jane@example.com", "template": "receipt", "params": {}},
     )
-    client = _client(admin_user)
+    client = signed_in(admin_user)
 
     def ids(**params) -> set[str]:
         html = client.get("/operations/", params).content.decode()
@@ -89,7 +83,7 @@ def test_it_filters_by_status_tenant_action_run_and_age(acme, globex, admin_user
 
 @pytest.mark.django_db
 def test_it_refuses_a_tenant_filter_outside_the_users_tenants(journal, approver):
-    response = _client(approver).get("/operations/", {"tenant": "globex"})
+    response = signed_in(approver).get("/operations/", {"tenant": "globex"})
     html = response.content.decode()
     assert response.status_code == 200
     assert journal["globex"].id not in html and journal["acme"].id not in html
@@ -119,9 +113,9 @@ def test_it_filters_by_run_id(acme, approver):
         },
     )
     outside = prepared_payment(acme)
-    html = _client(approver).get("/operations/", {"run": run.id}).content.decode()
+    html = signed_in(approver).get("/operations/", {"run": run.id}).content.decode()
     assert in_run.id in html and outside.id not in html
-    detail = _client(approver).get(f"/operations/{in_run.id}/").content.decode()
+    detail = signed_in(approver).get(f"/operations/{in_run.id}/").content.decode()
     assert f"/operations/?run={run.id}" in detail and "cmd_1" in detail
 
 
@@ -129,7 +123,7 @@ def test_it_filters_by_run_id(acme, approver):
 def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approver, monkeypatch):
     monkeypatch.setattr("operations.views.PAGE_SIZE", 2)
     ops = [prepared_payment(acme, invoice_id=f"inv_{i}") for i in range(5)]
-    client = _client(approver)
+    client = signed_in(approver)
     first = client.get("/operations/", {"action": "payments.create"}).content.decode()
     assert ops[4].id in first and ops[3].id in first and ops[2].id not in first
     assert "Older operations" in first
@@ -154,7 +148,7 @@ def test_it_keeps_the_list_query_count_flat_as_rows_grow(
     acme, globex, approver, django_assert_max_num_queries
 ):
     prepared_payment(acme, invoice_id="inv_first")
-    client = _client(approver)
+    client = signed_in(approver)
     client.get("/operations/")  # warm the session and the content types
     with CaptureQueriesContext(connection) as few:
         client.get("/operations/")
@@ -188,7 +182,7 @@ def private_ops(acme):
 def test_it_masks_the_beneficiary_and_email_on_the_detail(private_ops, who, request):
     user = request.getfixturevalue(who)
     pay, mail = private_ops
-    client = _client(user)
+    client = signed_in(user)
     html = client.get(f"/operations/{pay.id}/").content.decode()
     assert "40817810099910004312" not in html and "••••4312" in html
     asked = client.get(f"/operations/{pay.id}/?unmasked=1").content.decode()
@@ -205,7 +199,7 @@ def test_it_masks_the_beneficiary_and_email_on_the_detail(private_ops, who, requ
 @pytest.mark.django_db
 def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admin_user):
     pay, mail = private_ops
-    client = _client(admin_user)
+    client = signed_in(admin_user)
     # Masked by default, even for those who may unmask.
     html = client.get(f"/operations/{pay.id}/").content.decode()
     assert "40817810099910004312" not in html and "Show unmasked values" in html
@@ -235,12 +229,12 @@ def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, appro
             "currency": "KZT",
         },
     )
-    html = _client(approver).get(f"/operations/{old.id}/").content.decode()
+    html = signed_in(approver).get(f"/operations/{old.id}/").content.decode()
     assert f'href="/operations/{new.id}/"' in html  # superseded by
     assert "Audit operation.prepare" in html
     assert f"superseded by {new.id}" in html
     assert html.index("Audit operation.prepare") < html.index(f"superseded by {new.id}")
-    html = _client(approver).get(f"/operations/{new.id}/").content.decode()
+    html = signed_in(approver).get(f"/operations/{new.id}/").content.decode()
     assert f'href="/operations/{old.id}/"' in html  # supersedes
     assert Evidence.objects.filter(operation=old, kind=EvidenceKind.TRANSITION).exists()
 
@@ -258,18 +252,18 @@ def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, op
     )
     hidden = make_unknown(prepared_payment(globex, invoice_id="inv_globex"))
     settled = prepared_payment(acme, invoice_id="inv_settled")
-    html = _client(operator).get("/operations/unknown/").content.decode()
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
     assert html.index(older.id) < html.index(newer.id)
     assert "lookup inconclusive: search lag" in html
     assert "2\xa0hours" in html
     assert hidden.id not in html and settled.id not in html
-    listing = _client(operator).get("/operations/").content.decode()
+    listing = signed_in(operator).get("/operations/").content.decode()
     assert 'href="/operations/unknown/"' in listing
 
 
 @pytest.mark.django_db
 def test_it_links_the_dashboard_numbers_to_the_filtered_journal(acme_unknown, operator):
-    html = _client(operator).get("/").content.decode()
+    html = signed_in(operator).get("/").content.decode()
     assert 'href="/operations/unknown/"' in html
     assert 'href="/operations/?status=unknown"' in html
     assert 'href="/operations/?status=succeeded"' in html

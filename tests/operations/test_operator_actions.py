@@ -3,7 +3,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from operations.engine import operation_dispute
@@ -16,6 +15,7 @@ from operations.models import (
     Operation,
 )
 from operations.sandbox.services import sandbox_fault_set, sandbox_requests, sandbox_writes
+from tests.helpers import signed_in
 from tests.operations.engine_helpers import prepared_payment
 
 RESOLVE = {
@@ -24,12 +24,6 @@ RESOLVE = {
     "resolve-provider_reference": "pi_123",
     "resolve-reason": "customer confirmed the transfer",
 }
-
-
-def _client(user, **kwargs) -> Client:
-    client = Client(**kwargs)
-    client.force_login(user)
-    return client
 
 
 def _audits(op, action: str) -> int:
@@ -41,7 +35,7 @@ def _audits(op, action: str) -> int:
 @pytest.mark.django_db
 def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, operator):
     op = acme_unknown
-    client = _client(operator)
+    client = signed_in(operator)
     response = client.post(f"/operations/{op.id}/resolve", RESOLVE)
     assert response.status_code == 302 and response["Location"] == f"/operations/{op.id}/"
     op.refresh_from_db()
@@ -66,7 +60,7 @@ def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, 
 def test_it_resolves_as_failed_with_the_error_recorded(acme_unknown, operator):
     op = acme_unknown
     data = {**RESOLVE, "resolve-outcome": "failed", "resolve-provider_reference": ""}
-    _client(operator).post(f"/operations/{op.id}/resolve", data)
+    signed_in(operator).post(f"/operations/{op.id}/resolve", data)
     op.refresh_from_db()
     assert op.status == "failed" and op.error_code == "resolved_failed"
     assert _audits(op, "operation.resolve_failed") == 1
@@ -79,7 +73,7 @@ def test_it_forbids_operator_actions_without_the_operate_permission(
 ):
     op = acme_unknown
     for user in (approver, auditor):
-        response = _client(user).post(
+        response = signed_in(user).post(
             f"/operations/{op.id}/{path}",
             {
                 **RESOLVE,
@@ -100,7 +94,7 @@ def test_it_hides_other_tenants_operations_behind_404(
 ):
     op = acme_unknown
     for user in (other_tenant_user, stranger):
-        response = _client(user).post(
+        response = signed_in(user).post(
             f"/operations/{op.id}/{path}",
             {
                 **RESOLVE,
@@ -119,12 +113,12 @@ def test_it_hides_other_tenants_operations_behind_404(
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
 def test_it_refuses_get_on_action_urls(acme_unknown, operator, path):
-    assert _client(operator).get(f"/operations/{acme_unknown.id}/{path}").status_code == 405
+    assert signed_in(operator).get(f"/operations/{acme_unknown.id}/{path}").status_code == 405
 
 
 @pytest.mark.django_db
 def test_it_refuses_a_post_without_csrf_token(acme_unknown, operator):
-    client = _client(operator, enforce_csrf_checks=True)
+    client = signed_in(operator, enforce_csrf_checks=True)
     response = client.post(f"/operations/{acme_unknown.id}/resolve", RESOLVE)
     assert response.status_code == 403
     acme_unknown.refresh_from_db()
@@ -135,7 +129,7 @@ def test_it_refuses_a_post_without_csrf_token(acme_unknown, operator):
 @pytest.mark.parametrize("missing", ["resolve-reason", "resolve-evidence"])
 def test_it_requires_a_reason_and_evidence_to_resolve(acme_unknown, operator, missing):
     op = acme_unknown
-    response = _client(operator).post(f"/operations/{op.id}/resolve", {**RESOLVE, missing: " "})
+    response = signed_in(operator).post(f"/operations/{op.id}/resolve", {**RESOLVE, missing: " "})
     assert response.status_code == 400
     assert "This field is required." in response.content.decode()
     op.refresh_from_db()
@@ -146,7 +140,7 @@ def test_it_requires_a_reason_and_evidence_to_resolve(acme_unknown, operator, mi
 @pytest.mark.django_db
 def test_it_requires_a_reason_to_dispute(acme_unknown, operator):
     op = acme_unknown
-    response = _client(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": ""})
+    response = signed_in(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": ""})
     assert response.status_code == 400
     op.refresh_from_db()
     assert op.status == "unknown" and _audits(op, "operation.dispute") == 0
@@ -155,7 +149,7 @@ def test_it_requires_a_reason_to_dispute(acme_unknown, operator):
 @pytest.mark.django_db
 def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unknown, operator):
     op = acme_unknown
-    client = _client(operator)
+    client = signed_in(operator)
     response = client.post(
         f"/operations/{op.id}/dispute", {"dispute-reason": "customer says they were charged twice"}
     )
@@ -185,7 +179,7 @@ def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unk
 @pytest.mark.django_db
 def test_it_shows_an_engine_refusal_as_a_message_not_a_500(acme_payment, operator):
     op = acme_payment  # not_started: nothing to dispute
-    response = _client(operator).post(
+    response = signed_in(operator).post(
         f"/operations/{op.id}/dispute", {"dispute-reason": "just because"}, follow=True
     )
     assert response.status_code == 200
@@ -197,7 +191,7 @@ def test_it_shows_an_engine_refusal_as_a_message_not_a_500(acme_payment, operato
 @pytest.mark.django_db
 def test_it_re_renders_the_panel_in_place_for_htmx(acme_unknown, operator):
     op = acme_unknown
-    client = _client(operator)
+    client = signed_in(operator)
     response = client.post(
         f"/operations/{op.id}/dispute",
         {"dispute-reason": "on hold for review"},
@@ -222,12 +216,12 @@ def test_it_re_renders_the_panel_in_place_for_htmx(acme_unknown, operator):
 def test_it_shows_the_buttons_only_when_useful_and_permitted(
     acme_unknown, acme_payment, operator, approver
 ):
-    unknown_page = _client(operator).get(f"/operations/{acme_unknown.id}/").content.decode()
+    unknown_page = signed_in(operator).get(f"/operations/{acme_unknown.id}/").content.decode()
     assert "Reconcile now</button>" in unknown_page
     assert "Resolve as succeeded" in unknown_page and "Mark disputed</button>" in unknown_page
-    fresh_page = _client(operator).get(f"/operations/{acme_payment.id}/").content.decode()
+    fresh_page = signed_in(operator).get(f"/operations/{acme_payment.id}/").content.decode()
     assert "Reconcile now" not in fresh_page and "Resolve as" not in fresh_page
-    approver_page = _client(approver).get(f"/operations/{acme_unknown.id}/").content.decode()
+    approver_page = signed_in(approver).get(f"/operations/{acme_unknown.id}/").content.decode()
     assert "Reconcile now" not in approver_page and "Resolve as" not in approver_page
 
 
@@ -239,14 +233,14 @@ def test_it_offers_dispute_for_an_expired_lease_only(acme, operator):
         lease_owner="w1",
         lease_expires_at=timezone.now() + timedelta(minutes=5),
     )
-    page = _client(operator).get(f"/operations/{op.id}/").content.decode()
+    page = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
     assert "Mark disputed</button>" not in page
     Operation.objects.filter(id=op.id).update(
         lease_expires_at=timezone.now() - timedelta(minutes=5)
     )
-    page = _client(operator).get(f"/operations/{op.id}/").content.decode()
+    page = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
     assert "Mark disputed</button>" in page and "expired" in page
-    _client(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": "worker died"})
+    signed_in(operator).post(f"/operations/{op.id}/dispute", {"dispute-reason": "worker died"})
     op.refresh_from_db()
     assert op.status == "disputed" and op.lease_expires_at is None
 
@@ -257,7 +251,7 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
     sandbox_fault_set(provider="payments", kind="http_500", times=3)
     op = acme_unknown
     hash_before = op.payload_hash
-    response = _client(operator).post(
+    response = signed_in(operator).post(
         f"/operations/{op.id}/reconcile",
         {"reconcile-reason": "customer is asking"},
         HTTP_HX_REQUEST="true",
@@ -280,11 +274,11 @@ def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
     acme_unknown, operator, approver
 ):
     op = operation_dispute(operation_id=acme_unknown.id, actor=operator, reason="hold")
-    response = _client(approver).post(f"/operations/{op.id}/resolve", RESOLVE)
+    response = signed_in(approver).post(f"/operations/{op.id}/resolve", RESOLVE)
     assert response.status_code == 403
     # An operator may ask for a reconcile, but nothing reads the provider or moves a hold.
     requests_before = sandbox_requests(provider="payments").count()
-    response = _client(operator).post(
+    response = signed_in(operator).post(
         f"/operations/{op.id}/reconcile", {"reconcile-reason": "check again"})
     assert response.status_code == 302
     op.refresh_from_db()

@@ -1,17 +1,11 @@
 from __future__ import annotations
 
 import pytest
-from django.test import Client
 
 from operations.engine import operation_prepare
 from operations.models import Checkpoint, Run, RunMode
+from tests.helpers import signed_in
 from tests.operations.engine_helpers import PAYMENT
-
-
-def _client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -38,26 +32,26 @@ def lineage(acme, operator):
 @pytest.mark.django_db
 def test_it_shows_a_run_with_its_checkpoints_effects_and_derived_runs(lineage, auditor):
     original, branch, cp, op = lineage
-    html = _client(auditor).get(f"/runs/{original.id}/").content.decode()
+    html = signed_in(auditor).get(f"/runs/{original.id}/").content.decode()
     assert cp.id in html and "prepare_payment" in html and op.id in html
     assert branch.id in html and "debug_after_tool_timeout" in html
     # State values can hold personal data: only the field names are on the page.
     assert "beneficiary_account" in html and "KZ12345678901234" not in html
-    branch_html = _client(auditor).get(f"/runs/{branch.id}/").content.decode()
+    branch_html = signed_in(auditor).get(f"/runs/{branch.id}/").content.decode()
     assert original.id in branch_html and cp.id in branch_html
 
 
 @pytest.mark.django_db
 def test_it_lists_runs_of_visible_tenants_only(lineage, other_tenant_user, stranger, approver):
     original, *_ = lineage
-    assert original.id in _client(approver).get("/runs/").content.decode()
+    assert original.id in signed_in(approver).get("/runs/").content.decode()
     for user in (other_tenant_user, stranger):
-        client = _client(user)
+        client = signed_in(user)
         assert original.id not in client.get("/runs/").content.decode()
         assert client.get(f"/runs/{original.id}/").status_code == 404
         assert original.id not in client.get("/runs/conversations/conv_01TEST/").content.decode()
     # Another tenant's slug as a filter shows nothing rather than everything.
-    html = _client(other_tenant_user).get("/runs/", {"tenant": "acme"}).content.decode()
+    html = signed_in(other_tenant_user).get("/runs/", {"tenant": "acme"}).content.decode()
     assert original.id not in html
 
 
@@ -65,7 +59,7 @@ def test_it_lists_runs_of_visible_tenants_only(lineage, other_tenant_user, stran
 def test_it_pages_runs_by_key_and_answers_htmx_with_rows_only(lineage, approver, monkeypatch):
     monkeypatch.setattr("replays.views.PAGE_SIZE", 1)
     original, branch, _, _ = lineage
-    client = _client(approver)
+    client = signed_in(approver)
     first = client.get("/runs/").content.decode()
     # One row (the newest, the branch); the original appears only as its parent link.
     assert first.count('<td class="nowrap">') == 1
@@ -79,11 +73,11 @@ def test_it_pages_runs_by_key_and_answers_htmx_with_rows_only(lineage, approver,
 @pytest.mark.django_db
 def test_it_groups_runs_by_conversation(lineage, approver):
     original, branch, _, _ = lineage
-    html = _client(approver).get("/runs/conversations/conv_01TEST/").content.decode()
+    html = signed_in(approver).get("/runs/conversations/conv_01TEST/").content.decode()
     assert original.id in html and branch.id in html
 
 
 @pytest.mark.django_db
 def test_it_refuses_posts_on_the_read_only_pages(lineage, approver):
     original, *_ = lineage
-    assert _client(approver).post(f"/runs/{original.id}/").status_code == 405
+    assert signed_in(approver).post(f"/runs/{original.id}/").status_code == 405

@@ -15,17 +15,14 @@ class QueueFilterForm(forms.Form):
 
     def __init__(self, data, *, tenants, **kwargs):
         super().__init__(data, **kwargs)
+        # Only the user's own tenants can be chosen; any other slug is a form error.
         self.fields["tenant"].choices = [("", "All tenants")] + [
             (t.slug, t.name) for t in tenants
         ]
 
     def filters(self) -> QueueFilters:
-        # A tenant the user cannot see is not a choice, but it must still narrow the list
-        # (to nothing) rather than silently widen it; the selector only holds visible rows.
-        return QueueFilters(
-            tenant=str(self.data.get("tenant", "")).strip()[:50],
-            action=str(self.data.get("action", "")).strip()[:40],
-        )
+        data = self.cleaned_data
+        return QueueFilters(tenant=data.get("tenant") or "", action=data.get("action") or "")
 
 
 class ApproveForm(forms.Form):

@@ -73,9 +73,12 @@ def queue(request: HttpRequest) -> HttpResponse:
     tenant_ids = tenant_ids_for_user(request.user)
     tenants = Tenant.objects.filter(id__in=tenant_ids).order_by("slug")
     form = QueueFilterForm(request.GET, tenants=tenants)
-    filters = form.filters()
-    cursor = form.cleaned_data.get("cursor", "") if form.is_valid() else ""
-    qs = approvals_for_user(request.user, filters=filters, tenant_ids=tenant_ids)
+    if form.is_valid():
+        qs = approvals_for_user(request.user, filters=form.filters(), tenant_ids=tenant_ids)
+        cursor = form.cleaned_data["cursor"]
+    else:
+        # A filter the user may not use (another tenant's slug) shows nothing, not everything.
+        qs, cursor = Approval.objects.none(), ""
     page, next_cursor = approvals_queue_page(qs, cursor=cursor, size=QUEUE_PAGE_SIZE)
     query = request.GET.copy()
     query.pop("cursor", None)

@@ -7,7 +7,6 @@ from django.urls import reverse
 from approvals.models import Approval, ApprovalStatus
 from operations.models import AuditEvent
 from tests.approvals.conftest import BENEFICIARY, EMAIL
-from tests.factories import TenantFactory
 from tests.helpers import signed_in
 
 pytestmark = pytest.mark.django_db
@@ -275,7 +274,6 @@ def test_it_shows_approvals_in_navigation(approver):
 
 def test_it_counts_per_status(acme, approver, prepare_payment):
     prepare_payment(acme)
-    TenantFactory(slug="initech")
     response = signed_in(approver).get(reverse("approvals:queue"))
     counts = {status: n for status, _, n in response.context["counts"]}
     assert counts["pending"] == 1 and counts["approved"] == 0

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -130,7 +132,7 @@ def test_it_pages_by_keyset_pending_soonest_first_then_decisions(
         assert f"cursor={response.context['next_cursor']}".split("|")[0] in (
             response.content.decode()
         )
-        url = reverse("approvals:queue") + "?" + __import__("urllib.parse").parse.urlencode(
+        url = reverse("approvals:queue") + "?" + urlencode(
             {"cursor": response.context["next_cursor"]}
         )
     assert seen == [approvals[3].id, approvals[2].id, approvals[1].id, approvals[0].id]

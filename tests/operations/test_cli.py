@@ -14,6 +14,15 @@ from tests.conftest import BASE_DIR, database_url
 from tests.operations.engine_helpers import PAYMENT, make_unknown, prepared_payment
 
 
+def prepare_args(
+    payload: dict | str = PAYMENT, *, tenant: str = "acme", action: str = "payments.create",
+    extra: tuple[str, ...] = (),
+) -> tuple[str, ...]:
+    """`operations prepare` arguments; a str payload is passed as it is (bad JSON, say)."""
+    raw = payload if isinstance(payload, str) else json.dumps(payload)
+    return ("prepare", "--tenant", tenant, "--action", action, "--payload", raw, *extra)
+
+
 def _run(*args: str) -> str:
     out = io.StringIO()
     call_command("operations", *args, stdout=out)
@@ -22,15 +31,7 @@ def _run(*args: str) -> str:
 
 @pytest.mark.django_db
 def test_it_prepares_and_prints_only_the_new_operation_id(acme):
-    out = _run(
-        "prepare",
-        "--tenant",
-        "acme",
-        "--action",
-        "payments.create",
-        "--payload",
-        json.dumps(PAYMENT),
-    )
+    out = _run(*prepare_args())
     op = Operation.objects.get()
     assert out == f"{op.id}\n"
     assert op.status == "not_started" and op.payload == PAYMENT
@@ -46,19 +47,7 @@ def test_it_prepares_inside_a_run_and_returns_the_same_operation_on_resume(acme)
         workflow_version=1,
         state_schema_version=1,
     )
-    args = (
-        "prepare",
-        "--tenant",
-        "acme",
-        "--action",
-        "payments.create",
-        "--payload",
-        json.dumps(PAYMENT),
-        "--run",
-        run.id,
-        "--command",
-        "cmd_7",
-    )
+    args = prepare_args(extra=("--run", run.id, "--command", "cmd_7"))
     first, again = _run(*args), _run(*args)
     assert first == again
     op = Operation.objects.get()
@@ -138,49 +127,23 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
     ("args", "message"),
     [
         (
-            ("prepare", "--tenant", "acme", "--action", "payments.refund", "--payload", "{}"),
+            prepare_args("{}", action="payments.refund"),
             "unknown action 'payments.refund'",
         ),
         (
-            ("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "{nope"),
+            prepare_args("{nope"),
             "--payload is not valid JSON",
         ),
         (
-            (
-                "prepare",
-                "--tenant",
-                "acme",
-                "--action",
-                "payments.create",
-                "--payload",
-                json.dumps({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"}),
-            ),
+            prepare_args({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"}),
             "looks like a full card number",
         ),
         (
-            (
-                "prepare",
-                "--tenant",
-                "nowhere",
-                "--action",
-                "payments.create",
-                "--payload",
-                json.dumps(PAYMENT),
-            ),
+            prepare_args(tenant="nowhere"),
             "no tenant 'nowhere'",
         ),
         (
-            (
-                "prepare",
-                "--tenant",
-                "acme",
-                "--action",
-                "payments.create",
-                "--payload",
-                json.dumps(PAYMENT),
-                "--run",
-                "run_missing",
-            ),
+            prepare_args(extra=("--run", "run_missing")),
             "no run 'run_missing'",
         ),
         (("show", "op_missing"), "no operation 'op_missing'"),
@@ -210,15 +173,7 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
             timeout=120,
         )
 
-    ok = manage(
-        "prepare",
-        "--tenant",
-        "acme",
-        "--action",
-        "payments.create",
-        "--payload",
-        json.dumps(PAYMENT),
-    )
+    ok = manage(*prepare_args())
     assert ok.returncode == 0, ok.stderr
     op_id = ok.stdout.strip()
     assert Operation.objects.filter(id=op_id).exists()
@@ -227,27 +182,19 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
 
     for args, message in [
         (
-            ("prepare", "--tenant", "acme", "--action", "nope.nope", "--payload", "{}"),
+            prepare_args("{}", action="nope.nope"),
             "unknown action",
         ),
         (
-            ("prepare", "--tenant", "acme", "--action", "payments.create", "--payload", "[1,"),
+            prepare_args("[1,"),
             "not valid JSON",
         ),
         (
-            (
-                "prepare",
-                "--tenant",
-                "acme",
-                "--action",
-                "payments.create",
-                "--payload",
-                json.dumps({**PAYMENT, "invoice_id": "card 4242424242424242"}),
-            ),
+            prepare_args({**PAYMENT, "invoice_id": "card 4242424242424242"}),
             "full card number",
         ),
         (
-            ("prepare", "--tenant", "ghost", "--action", "payments.create", "--payload", "{}"),
+            prepare_args("{}", tenant="ghost"),
             "no tenant",
         ),
         (("show", "op_ghost"), "no operation"),

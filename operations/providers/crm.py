@@ -19,7 +19,7 @@ from operations.providers.base import (
     WebhookFacts,
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
-from operations.providers.transport import Answer, call_result, lookup_failure, send
+from operations.providers.transport import Answer, call_result, lookup_common, lookup_failure, send
 
 
 def _base() -> str:
@@ -71,8 +71,7 @@ class CrmCreateDealAdapter:
         )
         if not answer.ok:
             return lookup_failure(answer, method=method)
-        common = {"method": method, "http_status": answer.status,
-                  "provider_request_id": answer.request_id}
+        common = lookup_common(answer, method=method)
         deals = [_deal_facts(d) for d in answer.body.get("data", []) if isinstance(d, dict)]
         if not deals:
             # The CRM is strongly consistent: an empty answer is a proof.
@@ -118,8 +117,7 @@ class CrmUpdateDealAdapter:
         method = LookupMethod.EXTERNAL_ID
         target = str(op.payload["target"])
         answer = send("GET", f"{_base()}/deals/{target}", api_key=settings.CRM_API_KEY)
-        common = {"method": method, "http_status": answer.status,
-                  "provider_request_id": answer.request_id}
+        common = lookup_common(answer, method=method)
         if answer.status == 404:
             # The deal is gone: whether our update landed before that cannot be told.
             return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,

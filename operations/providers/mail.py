@@ -21,13 +21,19 @@ from operations.providers.base import (
     WebhookFacts,
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
-from operations.providers.transport import call_result, lookup_failure, send
+from operations.providers.transport import call_result, lookup_common, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "queued": CallOutcome.ACCEPTED,
     "delivered": CallOutcome.SUCCEEDED,
     "bounced": CallOutcome.FAILED,
 }
+
+
+def message_status(message: Mapping[str, Any]) -> CallOutcome:
+    """A message the provider holds and has not finished with is accepted, not done."""
+    return STATUS_MAP.get(str(message.get("status")), CallOutcome.ACCEPTED)
+
 
 EVENT_STATUS: dict[str, CallOutcome] = {
     "message.delivered": CallOutcome.SUCCEEDED,
@@ -69,7 +75,7 @@ class MailSendAdapter:
         )
         return call_result(
             answer, sent=body,
-            outcome=lambda reply: STATUS_MAP.get(str(reply.get("status")), CallOutcome.ACCEPTED),
+            outcome=message_status,
             facts=_message_facts,
         )
 
@@ -81,8 +87,7 @@ class MailSendAdapter:
         )
         if not answer.ok:
             return lookup_failure(answer, method=method)
-        common = {"method": method, "http_status": answer.status,
-                  "provider_request_id": answer.request_id}
+        common = lookup_common(answer, method=method)
         messages = [m for m in answer.body.get("data", []) if isinstance(m, dict)]
         matches = [_message_facts(m) for m in messages]
         if len(messages) > 1:
@@ -93,7 +98,7 @@ class MailSendAdapter:
         if len(messages) == 1:
             return LookupResult(
                 outcome=LookupOutcome.FOUND,
-                status=STATUS_MAP.get(str(messages[0].get("status")), CallOutcome.ACCEPTED),
+                status=message_status(messages[0]),
                 external_id=str(messages[0].get("id", "")), matches=matches, result=matches[0],
                 **common,
             )

@@ -21,7 +21,7 @@ from operations.providers.base import (
     WebhookFacts,
 )
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
-from operations.providers.transport import call_result, lookup_failure, send
+from operations.providers.transport import call_result, lookup_common, lookup_failure, send
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "succeeded": CallOutcome.SUCCEEDED,
@@ -107,8 +107,7 @@ class PaymentsCreateAdapter:
             "GET", f"{self._base()}/v1/payment_intents/{external_id}",
             api_key=settings.PAYMENTS_API_KEY,
         )
-        common = {"method": method, "http_status": answer.status,
-                  "provider_request_id": answer.request_id}
+        common = lookup_common(answer, method=method)
         if answer.status == 404:
             # The id came from the provider itself, so "no such object" is a proof.
             return LookupResult(outcome=LookupOutcome.ABSENT,
@@ -130,8 +129,7 @@ class PaymentsCreateAdapter:
         )
         if not answer.ok:
             return lookup_failure(answer, method=method)
-        common = {"method": method, "http_status": answer.status,
-                  "provider_request_id": answer.request_id}
+        common = lookup_common(answer, method=method)
         found = [item for item in answer.body.get("data", []) if isinstance(item, dict)]
         matches = [_facts(item) for item in found]
         if len(found) > 1 or answer.body.get("has_more"):

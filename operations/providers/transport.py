@@ -160,13 +160,17 @@ def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
     return CallOutcome.UNKNOWN, "unexpected_status", message
 
 
+def lookup_common(answer: Answer, *, method: Any) -> dict[str, Any]:
+    """What every LookupResult records of the answer it came from."""
+    return {"method": method, "http_status": answer.status,
+            "provider_request_id": answer.request_id}
+
+
 def lookup_failure(answer: Answer, *, method: Any) -> LookupResult:
     _, error_class, message = call_failure(answer)
     return LookupResult(
         outcome=LookupOutcome.INCONCLUSIVE,
-        method=method,
         reason=f"lookup failed ({error_class}): {message}",
         retry_after=LOOKUP_RETRY_AFTER,
-        http_status=answer.status,
-        provider_request_id=answer.request_id,
+        **lookup_common(answer, method=method),
     )

@@ -28,7 +28,7 @@ class Field:
     name: str
     kind: type | tuple[type, ...]
     label: str
-    mask: str = ""  # "", "email", "digits", "params"
+    mask: str = ""  # "", "email", "digits", "params", "patch"
     minimum: int | None = None
 
 
@@ -51,7 +51,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
     Action.CRM_UPDATE_DEAL: (
         Field("target", str, "Deal"),
         Field("expected_version", int, "Expected version", minimum=0),
-        Field("patch", dict, "Change"),
+        Field("patch", dict, "Change", mask="patch"),
     ),
     Action.MAIL_SEND: (
         Field("to", str, "Recipient", mask="email"),
@@ -242,10 +242,17 @@ def _mask_value(value: Any, how: str) -> str:
         if isinstance(value, Mapping):
             return ", ".join(f"{k}: {_mask_scalar(v)}" for k, v in sorted(value.items()))
         return mask_text(str(value))
+    if how == "patch":
+        return _mask_patch(value)
     return _display(value)
 
 
 def _mask_scalar(value: Any) -> str:
+    """Template parameters are free text about a person: every string is masked."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_mask_scalar(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_mask_scalar(v) for v in value) + "]"
     if isinstance(value, str):
         if _EMAIL.match(value):
             return mask_email(value)
@@ -253,6 +260,34 @@ def _mask_scalar(value: Any) -> str:
             return mask_digits(value)
         return mask_text(value)
     return _display(value)
+
+
+def _mask_patch(value: Any) -> str:
+    """A deal change stays readable (the approver must see what moves), except what is
+    personal: a field the deal schema masks (the owner's email), and anything that looks
+    like an email address or an account number wherever it sits."""
+    if not isinstance(value, Mapping):
+        return _mask_personal(value)
+    masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
+    return ", ".join(
+        f"{k} → {_mask_value(v, masks[k]) if masks.get(k) else _mask_personal(v)}"
+        for k, v in sorted(value.items())
+    )
+
+
+def _mask_personal(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(
+            f"{k}: {_mask_personal(v)}" for k, v in sorted(value.items())
+        ) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_mask_personal(v) for v in value) + "]"
+    if isinstance(value, str):
+        if _EMAIL.match(value):
+            return mask_email(value)
+        if sum(ch.isdigit() for ch in value) >= 6:
+            return mask_digits(value)
+    return str(value)
 
 
 def _display(value: Any) -> str:
@@ -301,7 +336,8 @@ def intent_summary(*, action: str, payload: Mapping[str, Any]) -> str:
         return f"Create deal “{p['name']}” worth {money_format(p['amount_minor'], p['currency'])}"
     if action == Action.CRM_UPDATE_DEAL:
         return (
-            f"Change deal {p['target']} (version {p['expected_version']}): {_display(p['patch'])}"
+            f"Change deal {p['target']} (version {p['expected_version']}): "
+            f"{_mask_patch(p['patch'])}"
         )
     if action == Action.MAIL_SEND:
         return f"Email “{p['template']}” to {mask_email(p['to'])}"

@@ -94,6 +94,28 @@ def test_it_masks_by_default_and_formats_money():
     assert money_format(1234, "KWD") == "1.234 KWD"
 
 
+def test_it_masks_what_is_personal_inside_a_deal_change_and_nested_mail_params():
+    change = {"target": "deal_77", "expected_version": 3,
+              "patch": {"owner": "jane.doe@acme.test", "stage": "won", "name": "Renewal"}}
+    rows = {r.name: r.value for r in intent_rows(action="crm.update_deal", payload=change)}
+    summary = intent_summary(action="crm.update_deal", payload=change)
+    for shown in (rows["patch"], summary):
+        assert "jane.doe@acme.test" not in shown
+        # What moves stays readable for the approver.
+        assert "owner → j***@acme.test" in shown and "stage → won" in shown
+    unmasked = {r.name: r.value for r in intent_rows(action="crm.update_deal", payload=change,
+                                                     unmasked=True)}
+    assert "jane.doe@acme.test" in unmasked["patch"]
+
+    mail = {"to": "cfo@acme.test", "template": "invoice_paid",
+            "params": {"contact": {"email": "anna.smith@example.com", "phone": "+7 701 555 0199"},
+                       "lines": ["Dear Anna"]}}
+    shown = {r.name: r.value for r in intent_rows(action="mail.send", payload=mail)}["params"]
+    for secret in ("anna.smith@example.com", "701 555 0199", "Dear Anna"):
+        assert secret not in shown
+    assert "a***@example.com" in shown and "••••0199" in shown
+
+
 def test_it_diffs_field_by_field_masked():
     new = {**PAYMENT, "amount_minor": 1350000, "beneficiary_id": "vendor_778899999"}
     diff = intent_diff(action="payments.create", old_payload=PAYMENT, new_payload=new,

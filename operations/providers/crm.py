@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -48,7 +49,8 @@ class CrmCreateDealAdapter:
         key_retention=None,
         # The CRM takes no idempotency key: a blind resend can make a second deal.
         same_key_retry_safe=False,
-        dedup_method="agent_operation_id field + list deals by it",
+        dedup_method="agent_operation_id, unique at the CRM (a second create is refused) "
+        "+ list deals by it",
     )
 
     def call(self, op: OperationSnapshot) -> CallResult:
@@ -111,7 +113,18 @@ class CrmUpdateDealAdapter:
             "PATCH", f"{_base()}/deals/{payload['target']}", api_key=settings.CRM_API_KEY,
             json=body,
         )
-        return _call_result(answer, body)
+        result = _call_result(answer, body)
+        current = result.result.get("current") or {}
+        if result.outcome == CallOutcome.CONFLICT and op.id in (
+            current.get("applied_operation_ids") or []
+        ):
+            # The version moved on because of us: an earlier PATCH of this operation, whose
+            # answer we lost, already applied the change. That is success, not a conflict.
+            return replace(
+                result, outcome=CallOutcome.SUCCEEDED, external_id=str(payload["target"]),
+                result=_deal_facts(current), error_class="", error_message="",
+            )
+        return result
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
         method = LookupMethod.EXTERNAL_ID

@@ -146,6 +146,10 @@ def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
     if answer.status == 409:
         if error.get("code") == "version_conflict":
             return CallOutcome.CONFLICT, "version_conflict", message
+        if error.get("code") == "resource_already_exists":
+            # A unique field refused a second create: an earlier call of ours (one that timed
+            # out) may have landed. The lookup that follows unknown finds out whose it is.
+            return CallOutcome.UNKNOWN, "already_exists", message
         # Another request with our key is still running: its effect may or may not land.
         return CallOutcome.UNKNOWN, "concurrent_request", message
     if answer.status == 400 and error.get("type") == "idempotency_error":

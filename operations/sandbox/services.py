@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
@@ -37,6 +37,15 @@ KEY_RETENTION = timedelta(hours=24)
 
 class SandboxStateError(Exception):
     """The object is not in a state that allows the change."""
+
+
+class DealExists(SandboxStateError):
+    """A deal already carries this agent_operation_id."""
+
+    def __init__(self, deal: Deal) -> None:
+        super().__init__(f"deal {deal.id} already carries agent_operation_id "
+                         f"{deal.agent_operation_id!r}")
+        self.deal = deal
 
 
 # --- faults -------------------------------------------------------------------------------
@@ -404,7 +413,23 @@ DEAL_PATCHABLE = frozenset({"name", "amount_minor", "currency", "owner", "stage"
 def sandbox_deal_create(
     *, name: str, amount_minor: int, currency: str, owner: str, agent_operation_id: str
 ) -> Deal:
+    """`agent_operation_id` is unique through the API, as the CRM contract declares: that is
+    what makes a create after a proven absence safe even when an earlier, timed-out request
+    is still running. A second create is refused (DealExists).
+
+    Enforced here under an advisory lock rather than by a unique index, because the table
+    must still be able to hold the duplicates of a data incident (an import, another
+    integration) that the console has to show a person."""
     with transaction.atomic():
+        if agent_operation_id:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    [f"sandbox-deal:{agent_operation_id}"],
+                )
+            existing = Deal.objects.filter(agent_operation_id=agent_operation_id).first()
+            if existing is not None:
+                raise DealExists(existing)
         deal = Deal.objects.create(
             name=name, amount_minor=amount_minor, currency=currency, owner=owner,
             agent_operation_id=agent_operation_id,

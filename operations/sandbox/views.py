@@ -313,7 +313,14 @@ def deals(request: HttpRequest, params: Params) -> HttpResponse:
     fields, problem = _deal_fields(params)
     if problem:
         return problem
-    return JsonResponse(services.deal_json(services.sandbox_deal_create(**fields)), status=201)
+    try:
+        created = services.sandbox_deal_create(**fields)
+    except services.DealExists as exc:
+        return error(
+            409, type="invalid_request_error", code="resource_already_exists",
+            message=str(exc), existing_id=exc.deal.id,
+        )
+    return JsonResponse(services.deal_json(created), status=201)
 
 
 @endpoint(Provider.CRM)

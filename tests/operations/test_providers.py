@@ -229,12 +229,34 @@ def test_it_finds_a_crm_deal_by_agent_operation_id(sandbox):
     assert Deal.objects.get().agent_operation_id == op.id
 
 
+def test_it_refuses_a_second_deal_for_one_operation_at_the_crm(sandbox):
+    adapter = adapter_for("crm.create_deal")
+    op = snapshot("crm.create_deal", {"name": "Acme renewal", "amount_minor": 500_000,
+                                      "currency": "EUR", "owner": "dana"})
+    first = adapter.call(op)
+
+    again = adapter.call(op)
+
+    assert (again.outcome, again.error_class, again.http_status) == (
+        CallOutcome.UNKNOWN, "already_exists", 409
+    )
+    assert again.result["error"]["existing_id"] == first.external_id
+    assert Deal.objects.filter(agent_operation_id=op.id).count() == 1
+    assert [w.response_status for w in sandbox_writes(provider="crm", operation_id=op.id)] == [
+        201, 409
+    ]
+
+
 def test_it_is_inconclusive_without_retry_when_two_deals_carry_the_operation(sandbox):
     adapter = adapter_for("crm.create_deal")
     op = snapshot("crm.create_deal", {"name": "Acme renewal", "amount_minor": 500_000,
                                       "currency": "EUR", "owner": "dana"})
-    adapter.call(op)
-    adapter.call(op)  # the CRM takes no key: a blind resend duplicates
+    created = adapter.call(op)
+    # A data incident the API would refuse: an import copied the deal, field and all.
+    original = Deal.objects.get(pk=created.external_id)
+    Deal.objects.create(name=original.name, amount_minor=original.amount_minor,
+                        currency=original.currency, owner=original.owner,
+                        agent_operation_id=op.id)
 
     result = adapter.lookup(op)
 
@@ -267,6 +289,25 @@ def test_it_reports_a_crm_version_conflict_with_the_current_record(sandbox):
     assert adapter.lookup(first).status is CallOutcome.SUCCEEDED
     assert adapter.lookup(stale).outcome is LookupOutcome.ABSENT
     assert Deal.objects.count() == 1
+
+
+def test_it_takes_a_conflict_caused_by_its_own_earlier_update_as_success(sandbox):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    adapter = adapter_for("crm.update_deal")
+    op = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1,
+                                      "patch": {"stage": "won"}})
+    adapter.call(op)
+
+    # The same PATCH again, as after a lost answer: the version moved on because of us.
+    again = adapter.call(op)
+
+    assert (again.outcome, again.external_id, again.http_status) == (
+        CallOutcome.SUCCEEDED, deal.id, 409
+    )
+    assert again.result["version"] == 2 and again.result["stage"] == "won"
+    deal.refresh_from_db()
+    assert (deal.version, deal.applied_operation_ids) == (2, [op.id])
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 2
 
 
 def test_it_sends_mail_once_per_key_and_follows_delivery(sandbox):

@@ -61,6 +61,12 @@ def worker_name() -> str:
     return name
 
 
+def accepted_recheck_at(now):
+    """When an accepted operation (the provider's final answer still pending) is looked up
+    next, if no webhook settles it first."""
+    return now + timedelta(seconds=getattr(settings, "ACCEPTED_RECONCILE_SECONDS", 120))
+
+
 def lease_expired(op: Operation) -> bool:
     """Held by a worker whose lease ran out: it may have died mid-call."""
     return (
@@ -156,11 +162,7 @@ def transition(
         values["unknown_since"] = now
     else:
         values["unknown_since"] = None
-        values["next_reconcile_at"] = (
-            now + timedelta(seconds=getattr(settings, "ACCEPTED_RECONCILE_SECONDS", 120))
-            if to == S.ACCEPTED
-            else None
-        )
+        values["next_reconcile_at"] = accepted_recheck_at(now) if to == S.ACCEPTED else None
     values.update(fields or {})
     condition = Q(id=op.id, status__in=list(sources))
     if extra is not None:

@@ -170,7 +170,9 @@ def _record_call_result(
                 ids["external_id"] = result.external_id
             if result.provider_request_id:
                 ids["provider_request_id"] = result.provider_request_id
-            Operation.objects.filter(id=op.id).update(**ids)
+            # Not over what an operator settled meanwhile (their provider reference stays);
+            # the attempt row above keeps these ids either way.
+            Operation.objects.filter(id=op.id, resolved_manually=False).update(**ids)
 
     data = {
         "attempt": attempt.number,
@@ -229,12 +231,14 @@ def _record_call_result(
         fields=fields,
     )
     if not won and to != S.UNKNOWN:
-        # Our lease ran out while the call was in flight and the sweep marked it unknown:
-        # the answer we now hold is still the best evidence there is.
+        # Our lease ran out while the call was in flight and the sweep marked it unknown, or
+        # a "still processing" webhook overtook the answer: the definite answer we now hold
+        # is still the best evidence there is.
+        late_sources = {S.UNKNOWN, S.ACCEPTED} if to in (S.SUCCEEDED, S.FAILED) else {S.UNKNOWN}
         won = transition(
             op,
             to=to,
-            sources={S.UNKNOWN},
+            sources=late_sources,
             extra=Q(resolved_manually=False),
             evidence_kind=EvidenceKind.CALL_RESULT,
             summary=summary + " (answer arrived late)",

@@ -14,6 +14,7 @@ from operations.engine import core
 from operations.engine.core import (
     LOOKUP_STATUS,
     S,
+    accepted_recheck_at,
     lease_expired,
     logger,
     next_attempt_number,
@@ -44,7 +45,7 @@ from operations.services import audit_event_record
 @dataclass(frozen=True)
 class ReconcileReport:
     operation_id: str
-    outcome: str  # found / absent / inconclusive / nothing_to_do
+    outcome: str  # found / absent / inconclusive / stale / nothing_to_do
     status: str
     detail: str = ""
     may_call_again: bool = False
@@ -82,7 +83,14 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
     adapter = core.adapter(op.action)
     op_snapshot = snapshot(op)
     with transaction.atomic():
-        Operation.objects.select_for_update().filter(id=op.id).first()
+        # The calls made so far, read under the row lock: an absence this lookup proves says
+        # nothing about a call that starts after it (a concurrent reconcile may allow one).
+        calls_before = (
+            Operation.objects.select_for_update()
+            .filter(id=op.id)
+            .values_list("provider_calls", flat=True)
+            .first()
+        )
         attempt = Attempt.objects.create(
             operation_id=op.id,
             number=next_attempt_number(op.id),
@@ -109,7 +117,9 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
             reason=reason,
             after={"lookup": found.outcome, "detail": found.reason},
         )
-    return _record_lookup(op, op_snapshot, attempt, found, adapter=adapter, actor=actor)
+    return _record_lookup(
+        op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
+    )
 
 
 def _record_lookup(
@@ -120,6 +130,7 @@ def _record_lookup(
     *,
     adapter: ProviderAdapter,
     actor,
+    calls_before: int,
 ) -> ReconcileReport:
     now = timezone.now()
     outcome = {
@@ -150,9 +161,12 @@ def _record_lookup(
     if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:
         to = LOOKUP_STATUS[found.status]
         if to == op.status:
+            # Still pending at the provider: look again after the usual wait, not at every
+            # sweep (a due time left in the past would ask the provider every few seconds).
             _lookup_noted(
                 op, summary=f"provider still reports {found.status} for {found.external_id}",
                 data=data, actor=actor,
+                next_reconcile_at=accepted_recheck_at(now) if to == S.ACCEPTED else _KEEP,
             )
             return ReconcileReport(op.id, "found", op.status, "unchanged")
         fields: dict[str, Any] = {
@@ -183,10 +197,13 @@ def _record_lookup(
             EffectClass.VERSIONED_UPDATE,
         )
         if may_call:
-            transition(
+            won = transition(
                 op,
                 to=S.NOT_STARTED,
                 sources={S.UNKNOWN},
+                # Stale if a call was claimed since the lookup began: that call's own
+                # answer (or the next lookup) decides, never this older absence.
+                extra=Q(provider_calls=calls_before),
                 evidence_kind=EvidenceKind.LOOKUP,
                 summary=f"provider lookup ({found.method}) proved no effect exists; "
                 "may call again with the same key",
@@ -195,6 +212,10 @@ def _record_lookup(
                 actor=actor,
             )
             op.refresh_from_db()
+            if not won:
+                return ReconcileReport(
+                    op.id, "stale", op.status, "a call was made after this lookup began"
+                )
             return ReconcileReport(op.id, "absent", op.status, "proven absent", may_call_again=True)
         _lookup_noted(
             op, summary="proven absent, but the provider's contract does not make a new call "

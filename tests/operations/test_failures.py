@@ -7,6 +7,7 @@ external objects exist, not only the final status.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -321,3 +322,171 @@ def test_it_rejects_a_webhook_with_a_bad_signature_and_stores_nothing(
     op.refresh_from_db()
     assert op.status == S.ACCEPTED
     assert Attempt.objects.filter(operation=op).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_one_deal_when_a_timed_out_create_lands_after_the_retry(acme, providers):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    # The first POST stalls at the CRM before it creates anything, past our 1 s timeout.
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=2.5)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and Deal.objects.count() == 0
+
+    # The lookup truly finds nothing yet, so the engine calls again; then the stalled
+    # request wakes up and tries to create the same deal.
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "called" and op.status == S.SUCCEEDED
+    wait_for(lambda: all(w.response_status for w in sandbox_writes(
+        provider="crm", operation_id=op.id)), what="the stalled create to finish")
+
+    deal = Deal.objects.get(agent_operation_id=op.id)
+    assert Deal.objects.count() == 1 and op.external_id == deal.id
+    writes = sandbox_writes(provider="crm", operation_id=op.id).order_by("id")
+    assert sorted(w.response_status for w in writes) == [201, 409]
+    kinds = list(op.attempts.order_by("number").values_list("kind", "outcome"))
+    assert kinds == [("call", "unknown"), ("lookup", "absent"), ("call", "succeeded")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_does_not_apply_an_absence_looked_up_before_a_newer_call(
+    acme, approver, providers, settings
+):
+    import threading
+
+    from django.db import connection
+
+    from operations.sandbox.models import SandboxRequest
+
+    settings.PROVIDER_TIMEOUT_SECONDS = 5  # the slow lookup is answered, only late
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    engine.operation_execute(operation_id=op.id)  # call 1: refused before any write
+    # A slow reconcile: its lookup is held at the provider while everything below happens.
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    slow: dict[str, engine.ReconcileReport] = {}
+
+    def slow_reconcile() -> None:
+        try:
+            slow["report"] = engine.operation_reconcile(operation_id=op.id)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=slow_reconcile)
+    thread.start()
+    wait_for(lambda: SandboxRequest.objects.filter(operation_id=op.id, method="GET").exists(),
+             what="the slow lookup to reach the provider")
+    time.sleep(0.3)  # and to take the delay fault
+    # A second reconcile proves absence; the execute after it makes call 2, whose answer
+    # is lost too, so the operation is unknown again.
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+    thread.join(timeout=20)
+
+    op.refresh_from_db()
+    assert slow["report"].outcome == "stale" and not slow["report"].may_call_again
+    assert op.status == S.UNKNOWN and op.provider_calls == 2
+    assert len(payment_posts(op)) == 2 and PaymentIntent.objects.count() == 0
+    assert op.evidence.filter(to_status=S.NOT_STARTED).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
+    acme, approver, operator, providers, settings
+):
+    import threading
+
+    from django.db import connection
+
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+
+    def execute() -> None:
+        try:
+            engine.operation_execute(operation_id=op.id)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=execute)
+    thread.start()
+    time.sleep(1.3)  # the lease has run out; the call is still in flight
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="the worker looks stuck; treasury checks by hand")
+    thread.join(timeout=20)
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.DISPUTED and op.resolved_manually
+    assert op.external_id == ""  # the late answer did not write over the operator's case
+    assert op.attempts.get(kind=AttemptKind.CALL).external_id == intent.id  # but is kept
+    assert len(payment_posts(op)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_checks_a_pending_payment_again_later_not_at_every_sweep(
+    acme, approver, providers
+):
+    op = async_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    assert op.id in engine.operations_due_for_reconcile()
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (report.outcome, report.detail, op.status) == ("found", "unchanged", S.ACCEPTED)
+    assert op.next_reconcile_at > timezone.now() + timedelta(seconds=60)
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
+    acme, approver, providers, client, settings
+):
+    import threading
+
+    from django.db import connection
+
+    from operations.providers.signing import stripe_signature_header
+
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+
+    def execute() -> None:
+        try:
+            engine.operation_execute(operation_id=op.id)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=execute)
+    thread.start()
+    wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
+             what="the call to start")
+    # A "processing" event about this operation arrives while the call is in flight.
+    body = json.dumps({
+        "id": "evt_processing", "object": "event", "type": "payment_intent.processing",
+        "created": int(time.time()),
+        "data": {"object": {"id": "pi_early", "object": "payment_intent",
+                            "status": "processing", "amount": 1250000, "currency": "kzt",
+                            "metadata": {"operation_id": op.id}}},
+    }).encode()
+    response = client.post(
+        "/webhooks/payments/", data=body, content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=stripe_signature_header(
+            secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body))
+    assert response.status_code == 200
+    assert Operation.objects.get(id=op.id).status == S.ACCEPTED
+    thread.join(timeout=20)
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert op.evidence.filter(from_status=S.ACCEPTED, to_status=S.SUCCEEDED).count() == 1
+    assert len(payment_posts(op)) == 1

@@ -19,6 +19,7 @@ from approvals.selectors import (
     approvals_queue_page,
 )
 from approvals.services import ApprovalRefused, approval_approve, approval_reject
+from operations.htmx import page_render
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action, Tenant
 from operations.selectors import tenant_ids_for_user, tenants_for_user
@@ -91,8 +92,7 @@ def queue(request: HttpRequest) -> HttpResponse:
         "query": query.urlencode(),
         "here": request.get_full_path(),
     }
-    template = "approvals/queue.html#rows" if request.htmx else "approvals/queue.html"
-    return render(request, template, context)
+    return page_render(request, "approvals/queue.html", context, partial="rows")
 
 
 @require_GET

@@ -21,6 +21,7 @@ from operations.engine import (
     reconcile_applies,
 )
 from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
+from operations.htmx import page_render
 from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus, Tenant
 from operations.selectors import (
@@ -60,8 +61,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         "query": query.urlencode(),
         "now": timezone.now(),
     }
-    template = "operations/list.html#rows" if request.htmx else "operations/list.html"
-    return render(request, template, context)
+    return page_render(request, "operations/list.html", context, partial="rows")
 
 
 @require_GET

@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from operations.htmx import page_render
 from operations.intents import intent_summary
 from operations.selectors import keyset_page, tenants_for_user
 from replays.forms import RunFilterForm
@@ -38,8 +39,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
     query.pop("before", None)
     context = {"form": form, "runs": runs, "next_cursor": next_cursor,
                "query": query.urlencode()}
-    template = "replays/runs.html#rows" if request.htmx else "replays/runs.html"
-    return render(request, template, context)
+    return page_render(request, "replays/runs.html", context, partial="rows")
 
 
 @require_GET

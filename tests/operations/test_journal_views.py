@@ -267,3 +267,18 @@ def test_it_links_the_dashboard_numbers_to_the_filtered_journal(acme_unknown, op
     assert 'href="/operations/unknown/"' in html
     assert 'href="/operations/?status=unknown"' in html
     assert 'href="/operations/?status=succeeded"' in html
+
+
+@pytest.mark.django_db
+def test_it_answers_htmx_history_restore_with_the_whole_page(acme, operator):
+    prepared_payment(acme)
+    client = signed_in(operator)
+
+    swap = client.get("/operations/", {"status": "not_started"}, HTTP_HX_REQUEST="true")
+    restore = client.get("/operations/", {"status": "not_started"}, HTTP_HX_REQUEST="true",
+                         HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+
+    assert "<html" not in swap.content.decode()
+    assert "<html" in restore.content.decode() and "Operations journal" in restore.content.decode()
+    for response in (swap, restore):
+        assert "HX-Request" in response["Vary"]

@@ -18,7 +18,8 @@ class AuditFilterForm(forms.Form):
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
     def filters(self) -> AuditFilters:
-        data = self.cleaned_data if self.is_valid() else {}
+        """Only for a valid form: the caller shows nothing for one that is not."""
+        data = self.cleaned_data
         return AuditFilters(
             actor=data.get("actor") or "",
             action=data.get("action") or "",

@@ -6,7 +6,13 @@ from collections.abc import Iterator
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -14,6 +20,7 @@ from django.views.decorators.http import require_GET
 
 from console.celery import app as celery_app
 from console.forms import AuditFilterForm
+from operations.htmx import page_render
 from operations.selectors import audit_events_for_user, keyset_page, tenants_for_user
 
 AUDIT_PAGE_SIZE = 50
@@ -62,12 +69,14 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @require_GET
 def audit_list(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET)
-    filters = form.filters()
-    before = form.cleaned_data.get("before") if form.is_valid() else None
-    events, next_cursor = keyset_page(
-        audit_events_for_user(request.user, filters=filters), before=before,
-        size=AUDIT_PAGE_SIZE,
-    )
+    if form.is_valid():
+        events, next_cursor = keyset_page(
+            audit_events_for_user(request.user, filters=form.filters()),
+            before=form.cleaned_data.get("before"), size=AUDIT_PAGE_SIZE,
+        )
+    else:
+        # A filter that did not parse shows nothing and says why, never the whole trail.
+        events, next_cursor = [], None
     query = request.GET.copy()
     query.pop("before", None)
     context = {
@@ -77,8 +86,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
         "query": query.urlencode(),
         "can_export": tenants_for_user(request.user, "export_audit").exists(),
     }
-    template = "console/audit.html#rows" if request.htmx else "console/audit.html"
-    return render(request, template, context)
+    return page_render(request, "console/audit.html", context, partial="rows")
 
 
 def _csv_rows(events) -> Iterator[list[str]]:
@@ -100,10 +108,19 @@ class _Echo:
 
 
 @require_GET
-def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
+def audit_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     if not tenants_for_user(request.user, "export_audit").exists():
         raise PermissionDenied("downloading the audit trail needs the auditor or admin role")
     form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        # An export is evidence: a filter that did not parse must not widen it to everything.
+        problems = "; ".join(
+            f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()
+        )
+        return HttpResponseBadRequest(
+            f"The filter was not applied ({problems}); nothing was exported.",
+            content_type="text/plain",
+        )
     events = audit_events_for_user(request.user, filters=form.filters(), perm="export_audit")
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(

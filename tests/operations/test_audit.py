@@ -101,3 +101,21 @@ def test_it_shows_strangers_no_events(trail, stranger):
     client.force_login(stranger)
     html = client.get("/audit/").content.decode()
     assert "apr_" not in html
+
+
+@pytest.mark.django_db
+def test_it_shows_and_exports_nothing_for_a_filter_that_does_not_parse(trail, auditor):
+    client = Client()
+    client.force_login(auditor)
+    query = {"action": "intent.approve", "since": "not-a-date"}
+
+    page = client.get("/audit/", query).content.decode()
+    rows = client.get("/audit/", query, HTTP_HX_REQUEST="true").content.decode()
+    export = client.get("/audit.csv", query)
+
+    for html in (page, rows):
+        assert "Filter not applied" in html and "since" in html
+        assert "apr_" not in html
+    assert export.status_code == 400
+    assert "nothing was exported" in export.content.decode()
+    assert b"apr_" not in export.content

@@ -30,4 +30,7 @@ class ApproveForm(forms.Form):
 
 
 class RejectForm(forms.Form):
-    reason = forms.CharField(required=True, widget=forms.Textarea, max_length=2000)
+    reason = forms.CharField(
+        required=True, widget=forms.Textarea, max_length=2000,
+        error_messages={"required": "A rejection needs a reason."},
+    )

@@ -149,13 +149,26 @@ def _decided(
     return redirect(_next_url(request, approval))
 
 
+def _form_problem(form) -> str:
+    """The form's errors as one line, naming the field as the person sees it."""
+    return " ".join(
+        f"{form.fields[name].label or name.capitalize()}: {' '.join(errors)}"
+        if form[name].value() else " ".join(errors)
+        for name, errors in form.errors.items()
+    )
+
+
 @require_POST
 def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "approve_intents")
     form = ApproveForm(request.POST)
-    comment = form.cleaned_data["comment"] if form.is_valid() else ""
+    if not form.is_valid():
+        # Never approve while dropping what the approver wrote.
+        return _decided(request, approval, error=_form_problem(form))
     try:
-        approval_approve(approval_id=approval.id, actor=request.user, comment=comment)
+        approval_approve(
+            approval_id=approval.id, actor=request.user, comment=form.cleaned_data["comment"]
+        )
     except ApprovalRefused as refusal:
         return _decided(request, approval, error=refusal.message)
     return _decided(request, approval, notice="Approved; the operation is queued to run.")
@@ -165,9 +178,12 @@ def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
 def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "approve_intents")
     form = RejectForm(request.POST)
-    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if not form.is_valid():
+        return _decided(request, approval, error=_form_problem(form))
     try:
-        approval_reject(approval_id=approval.id, actor=request.user, reason=reason)
+        approval_reject(
+            approval_id=approval.id, actor=request.user, reason=form.cleaned_data["reason"]
+        )
     except ApprovalRefused as refusal:
         return _decided(request, approval, error=refusal.message)
     return _decided(request, approval, notice="Rejected; the operation is cancelled.")

@@ -212,6 +212,24 @@ def test_it_rejects_in_place_and_requires_a_reason(acme, approver, prepare_payme
     assert 'data-status="rejected"' in done.content.decode()
 
 
+def test_it_refuses_a_decision_whose_text_is_too_long_and_says_why(acme, approver,
+                                                                   prepare_payment, no_execute):
+    approval = prepare_payment(acme)
+    client = signed_in(approver)
+    audit_rows = AuditEvent.objects.count()
+
+    approve = client.post(_approve_url(approval), {"comment": "x" * 2001},
+                          HTTP_HX_REQUEST="true").content.decode()
+    reject = client.post(reverse("approvals:reject", args=[approval.id]),
+                         {"reason": "y" * 2001}, HTTP_HX_REQUEST="true").content.decode()
+
+    assert "Comment: Ensure this value has at most 2000 characters" in approve
+    assert "Reason: Ensure this value has at most 2000 characters" in reject
+    assert "needs a reason" not in reject
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    assert AuditEvent.objects.count() == audit_rows
+
+
 def test_it_answers_403_to_an_auditor_posting_a_decision(acme, auditor, prepare_payment):
     approval = prepare_payment(acme)
     client = signed_in(auditor)

@@ -89,9 +89,6 @@ def dashboard_metrics(user) -> dict:
     unknown = ops.filter(status=OperationStatus.UNKNOWN).aggregate(
         n=Count("id"), oldest=Min("unknown_since")
     )
-    oldest_age = None
-    if unknown["oldest"] is not None:
-        oldest_age = timezone.now() - unknown["oldest"]
     # Time from `unknown` to a known status, recorded on the evidence that settled it.
     with connection.cursor() as cursor:
         cursor.execute(
@@ -111,7 +108,7 @@ def dashboard_metrics(user) -> dict:
         ],
         "total": sum(by_status.values()),
         "unknown_count": unknown["n"],
-        "unknown_oldest_age": oldest_age,
+        "unknown_oldest_since": unknown["oldest"],
         "reconcile_p50": p50,
         "reconcile_p95": p95,
         "version_conflicts": ops.filter(error_code="version_conflict").count(),

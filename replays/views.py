@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -60,6 +60,10 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
 @require_GET
 def conversation_detail(request: HttpRequest, conversation_id: str) -> HttpResponse:
     runs = list(runs_for_user(request.user, filters=RunFilters(conversation=conversation_id)))
+    if not runs:
+        # A conversation exists only through its runs: none visible is not found, whether it
+        # is another tenant's or no one's.
+        raise Http404("No such conversation")
     return render(request, "replays/conversation.html", {
         "conversation_id": conversation_id, "runs": runs,
     })

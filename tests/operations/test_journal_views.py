@@ -264,6 +264,7 @@ def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, op
 @pytest.mark.django_db
 def test_it_links_the_dashboard_numbers_to_the_filtered_journal(acme_unknown, operator):
     html = signed_in(operator).get("/").content.decode()
+    assert "oldest waiting 5\xa0minutes" in html  # make_unknown: unknown since 5 minutes ago
     assert 'href="/operations/unknown/"' in html
     assert 'href="/operations/?status=unknown"' in html
     assert 'href="/operations/?status=succeeded"' in html

@@ -49,7 +49,7 @@ def test_it_lists_runs_of_visible_tenants_only(lineage, other_tenant_user, stran
         client = signed_in(user)
         assert original.id not in client.get("/runs/").content.decode()
         assert client.get(f"/runs/{original.id}/").status_code == 404
-        assert original.id not in client.get("/runs/conversations/conv_01TEST/").content.decode()
+        assert client.get("/runs/conversations/conv_01TEST/").status_code == 404
     # Another tenant's slug as a filter shows nothing rather than everything.
     html = signed_in(other_tenant_user).get("/runs/", {"tenant": "acme"}).content.decode()
     assert original.id not in html
@@ -73,8 +73,10 @@ def test_it_pages_runs_by_key_and_answers_htmx_with_rows_only(lineage, approver,
 @pytest.mark.django_db
 def test_it_groups_runs_by_conversation(lineage, approver):
     original, branch, _, _ = lineage
-    html = signed_in(approver).get("/runs/conversations/conv_01TEST/").content.decode()
+    client = signed_in(approver)
+    html = client.get("/runs/conversations/conv_01TEST/").content.decode()
     assert original.id in html and branch.id in html
+    assert client.get("/runs/conversations/conv_NOPE/").status_code == 404
 
 
 @pytest.mark.django_db

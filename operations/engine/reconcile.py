@@ -78,6 +78,14 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
         _expire_lease(op)
         op.refresh_from_db()
     if not outcome_open(op):
+        if actor is not None:
+            # The operator asked, with a reason: the trail shows the request even when the
+            # status had moved on and there was nothing to look up.
+            audit_event_record(
+                actor=actor, action="operation.reconcile", tenant=op.tenant,
+                object_type="operation", object_id=op.id, reason=reason,
+                after={"lookup": "none", "detail": f"nothing to do: {op.status}"},
+            )
         return ReconcileReport(op.id, "nothing_to_do", op.status)
 
     adapter = core.adapter(op.action)

@@ -267,3 +267,7 @@ def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
     assert op.status == "disputed"
     assert not Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).exists()
     assert sandbox_requests(provider="payments").count() == requests_before
+    # The request itself is on the trail, with its reason, though nothing was looked up.
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
+    assert (event.reason, event.actor_username) == ("check again", "operator")
+    assert event.after == {"lookup": "none", "detail": "nothing to do: disputed"}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
@@ -58,9 +59,24 @@ def approvals_for_user(
     )
 
 
+RECENT_DECISIONS = timedelta(hours=24)
+
+
 def approval_counts(qs: QuerySet[Approval]) -> list[tuple[str, str, int]]:
-    counts = dict(qs.order_by().values_list("status").annotate(n=Count("id")))
-    return [(status, label, counts.get(status, 0)) for status, label in P.choices]
+    """The whole pending queue, and the decisions of the last 24 hours. The decided history
+    grows without end and the queue page polls this every 15 seconds, so it is never counted
+    whole; both parts are index ranges (the pending partial index, recent decisions)."""
+    since = timezone.now() - RECENT_DECISIONS
+    counts = dict(
+        qs.filter(Q(status=P.PENDING) | Q(decided_at__gte=since))
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("id"))
+    )
+    return [
+        (status, label if status == P.PENDING else f"{label} (24 h)", counts.get(status, 0))
+        for status, label in P.choices
+    ]
 
 
 def _cursor_for(approval: Approval) -> str:

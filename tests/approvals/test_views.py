@@ -292,11 +292,25 @@ def test_it_shows_approvals_in_navigation(approver):
     assert 'href="/approvals/"' in html
 
 
-def test_it_counts_per_status(acme, approver, prepare_payment):
+def test_it_counts_the_pending_queue_and_the_last_days_decisions(
+    acme, approver, admin_user, prepare_payment, no_execute
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     prepare_payment(acme)
+    old, recent = prepare_payment(acme), prepare_payment(acme)
+    for approval in (old, recent):
+        signed_in(admin_user).post(_approve_url(approval))
+    Approval.objects.filter(id=old.id).update(decided_at=timezone.now() - timedelta(days=2))
+
     response = signed_in(approver).get(reverse("approvals:queue"))
-    counts = {status: n for status, _, n in response.context["counts"]}
-    assert counts["pending"] == 1 and counts["approved"] == 0
+
+    counts = {status: (label, n) for status, label, n in response.context["counts"]}
+    assert counts["pending"] == ("Pending", 1)
+    assert counts["approved"] == ("Approved (24 h)", 1)  # the two-day-old one is not counted
+    assert "Approved (24 h): 1" in response.content.decode()
 
 
 def test_it_tells_an_approver_the_approval_expired_and_records_the_attempt(

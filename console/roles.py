@@ -1,4 +1,5 @@
-"""Roles are groups; what a role may do is held per tenant as guardian object permissions."""
+"""Roles: held per tenant (TenantRole), carried out as guardian object permissions on the
+tenant, and shown as groups (a user is in a role's group while they hold it anywhere)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
-from operations.models import Tenant
+from operations.models import Role, Tenant, TenantRole
 from operations.services import audit_event_record
 
-APPROVER = "Approver"
-OPERATOR = "Operator"
-AUDITOR = "Auditor"
-ADMIN = "Admin"
+APPROVER = Role.APPROVER.value
+OPERATOR = Role.OPERATOR.value
+AUDITOR = Role.AUDITOR.value
+ADMIN = Role.ADMIN.value
 
 # Tenant permissions each role holds on a tenant it is granted on.
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
@@ -38,6 +39,10 @@ class UnknownRole(ValueError):
     pass
 
 
+class RoleNotHeld(ValueError):
+    pass
+
+
 def roles_setup() -> list[Group]:
     """Create the role groups; safe to run any number of times."""
     with transaction.atomic():
@@ -52,10 +57,12 @@ def _role_name(role: str) -> str:
 
 
 def role_grant(*, user, role: str, tenant: Tenant, actor=None, reason: str = "") -> list[str]:
-    """Put the user in the role's group and give them its permissions on this tenant."""
+    """Record the role on this tenant, give its permissions there, and put the user in the
+    role's group."""
     name = _role_name(role)
     with transaction.atomic():
         group, _ = Group.objects.get_or_create(name=name)
+        TenantRole.objects.get_or_create(user=user, tenant=tenant, role=name)
         user.groups.add(group)
         granted = []
         for codename in ROLE_PERMISSIONS[name]:
@@ -68,15 +75,32 @@ def role_grant(*, user, role: str, tenant: Tenant, actor=None, reason: str = "")
         return granted
 
 
-def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = "") -> None:
+def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = "") -> list[str]:
+    """Take the role away on this tenant. Only the permissions no other role the user still
+    holds there gives are removed (Approver and Operator both give view_tenant); returns
+    those removed."""
     name = _role_name(role)
     with transaction.atomic():
-        for codename in ROLE_PERMISSIONS[name]:
+        deleted, _ = TenantRole.objects.filter(user=user, tenant=tenant, role=name).delete()
+        if not deleted:
+            raise RoleNotHeld(f"{user.username} does not hold {name} on {tenant.slug}")
+        kept = {
+            codename
+            for other in TenantRole.objects.filter(user=user, tenant=tenant)
+            .values_list("role", flat=True)
+            for codename in ROLE_PERMISSIONS[other]
+        }
+        removed = [codename for codename in ROLE_PERMISSIONS[name] if codename not in kept]
+        for codename in removed:
             remove_perm(f"operations.{codename}", user, tenant)
+        if not TenantRole.objects.filter(user=user, role=name).exists():
+            user.groups.remove(*Group.objects.filter(name=name))
         audit_event_record(
             actor=actor, action="role.revoke", tenant=tenant, object_type="user",
-            object_id=user.username, reason=reason, before={"role": name},
+            object_id=user.username, reason=reason,
+            before={"role": name}, after={"removed_permissions": removed},
         )
+        return removed
 
 
 def user_roles(user) -> list[str]:

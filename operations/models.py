@@ -32,6 +32,37 @@ class Tenant(models.Model):
         return self.slug
 
 
+class Role(models.TextChoices):
+    APPROVER = "Approver"
+    OPERATOR = "Operator"
+    AUDITOR = "Auditor"
+    ADMIN = "Admin"
+
+
+class TenantRole(models.Model):
+    """A role a person holds on one tenant. Their guardian permissions on the tenant are the
+    union of what these roles give, so revoking one role keeps what another still grants."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_roles"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="user_roles")
+    role = models.CharField(max_length=20, choices=Role)
+    granted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "role"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant", "role"], name="tenant_role_once"),
+            models.CheckConstraint(
+                condition=models.Q(role__in=Role.values), name="tenant_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.role} on {self.tenant_id}"
+
+
 class AuditEvent(models.Model):
     """One human or system action. Append-only: a trigger refuses UPDATE and DELETE."""
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from operations.models import AuditEvent
+from operations.models import AuditEvent, TenantRole
 from tests.factories import UserFactory
 
 
@@ -34,3 +34,67 @@ def test_it_refuses_bad_input_with_a_clear_message(acme, args, message):
     UserFactory(username="dana")
     with pytest.raises(CommandError, match=message):
         call_command("grant", *args)
+
+
+@pytest.mark.django_db
+def test_it_revokes_one_role_and_keeps_what_another_role_on_the_tenant_gives(acme, globex):
+    call_command("setup_roles")
+    user = UserFactory(username="dana")
+    call_command("grant", "dana", "approver", "acme")
+    call_command("grant", "dana", "operator", "acme")
+    call_command("grant", "dana", "approver", "globex")
+
+    call_command("grant", "--revoke", "dana", "approver", "acme", "--reason", "left the team")
+
+    user = type(user).objects.get(pk=user.pk)  # fresh permission caches
+    assert not user.has_perm("operations.approve_intents", acme)
+    assert user.has_perm("operations.view_tenant", acme)  # Operator gives it too
+    assert user.has_perm("operations.operate_operations", acme)
+    assert user.has_perm("operations.approve_intents", globex)
+    assert sorted(user.groups.values_list("name", flat=True)) == ["Approver", "Operator"]
+    assert list(TenantRole.objects.filter(user=user, tenant=acme).values_list(
+        "role", flat=True)) == ["Operator"]
+    event = AuditEvent.objects.get(action="role.revoke", object_id="dana")
+    assert event.tenant == acme and event.reason == "left the team"
+    assert event.after == {"removed_permissions": ["approve_intents"]}
+
+    call_command("grant", "--revoke", "dana", "approver", "globex")
+    call_command("grant", "--revoke", "dana", "operator", "acme")
+    user = type(user).objects.get(pk=user.pk)
+    assert not user.groups.exists()  # no role held anywhere: no role badge either
+    assert not user.has_perm("operations.view_tenant", acme)
+    with pytest.raises(CommandError, match="does not hold Operator on acme"):
+        call_command("grant", "--revoke", "dana", "operator", "acme")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_records_the_roles_of_grants_made_before_roles_were_recorded_per_tenant():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("operations", "0005_unknown_since_constraint")], [
+        ("operations", "0006_tenant_role")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    # Seeded with today's models: none of these tables changes in 0006.
+    from django.contrib.auth.models import Group
+    from guardian.shortcuts import assign_perm
+
+    from operations.models import Tenant
+
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    other = Tenant.objects.create(slug="globex", name="Globex")
+    user = UserFactory(username="dana")
+    user.groups.add(Group.objects.create(name="Operator"))
+    for codename in ("view_tenant", "operate_operations", "replay_runs"):
+        assign_perm(f"operations.{codename}", user, tenant)
+    # Only part of a role on the other tenant: not that role.
+    assign_perm("operations.view_tenant", user, other)
+
+    executor.loader.build_graph()
+    executor.migrate(after)
+
+    new = executor.loader.project_state(after).apps
+    roles = new.get_model("operations", "TenantRole").objects.values_list(
+        "user__username", "tenant__slug", "role")
+    assert list(roles) == [("dana", "acme", "Operator")]

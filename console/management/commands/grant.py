@@ -3,20 +3,26 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console.roles import UnknownRole, role_grant
+from console.roles import RoleNotHeld, UnknownRole, role_grant, role_revoke
 from operations.models import Tenant
 
 
 class Command(BaseCommand):
-    help = "Grant ROLE on TENANT to USERNAME: grant USERNAME ROLE TENANT"
+    help = (
+        "Grant ROLE on TENANT to USERNAME: grant USERNAME ROLE TENANT; "
+        "take it back with --revoke"
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("username")
         parser.add_argument("role")
         parser.add_argument("tenant", help="tenant slug")
-        parser.add_argument("--reason", default="granted from the command line")
+        parser.add_argument("--revoke", action="store_true", help="take the role away instead")
+        parser.add_argument("--reason", default="", help="recorded on the audit trail")
 
-    def handle(self, *args, username: str, role: str, tenant: str, reason: str, **options):
+    def handle(
+        self, *args, username: str, role: str, tenant: str, revoke: bool, reason: str, **options
+    ):
         try:
             user = get_user_model().objects.get(username=username)
         except get_user_model().DoesNotExist:
@@ -26,7 +32,16 @@ class Command(BaseCommand):
         except Tenant.DoesNotExist:
             raise CommandError(f"no tenant with slug {tenant!r}") from None
         try:
-            perms = role_grant(user=user, role=role, tenant=tenant_obj, reason=reason)
-        except UnknownRole as exc:
+            if revoke:
+                removed = role_revoke(user=user, role=role, tenant=tenant_obj,
+                                      reason=reason or "revoked from the command line")
+                self.stdout.write(
+                    f"revoked {role} on {tenant} from {username}; permissions removed: "
+                    f"{', '.join(removed) or 'none (other roles there still give them)'}"
+                )
+                return
+            perms = role_grant(user=user, role=role, tenant=tenant_obj,
+                               reason=reason or "granted from the command line")
+        except (UnknownRole, RoleNotHeld) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"granted {role} on {tenant} to {username}: {', '.join(perms)}")

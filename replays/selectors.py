@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.http import Http404
 
 from operations.models import Checkpoint, Operation, Run
@@ -29,9 +30,19 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
         qs = qs.filter(status=filters.status)
     if filters.conversation:
         qs = qs.filter(conversation_id=filters.conversation)
+    # A correlated count, evaluated only for the rows of the page: a joined Count would make
+    # PostgreSQL group every matching run before the keyset LIMIT could stop it.
+    operation_count = (
+        Operation.objects.filter(run=OuterRef("pk"))
+        .order_by()
+        .values("run")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
     return (
         qs.select_related("tenant", "launched_by")
-        .annotate(operation_count=Count("operations", distinct=True))
+        .annotate(operation_count=Coalesce(Subquery(operation_count), 0,
+                                           output_field=IntegerField()))
         .order_by("-id")
     )
 

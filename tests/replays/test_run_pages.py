@@ -76,6 +76,8 @@ def test_it_groups_runs_by_conversation(lineage, approver):
     client = signed_in(approver)
     html = client.get("/runs/conversations/conv_01TEST/").content.decode()
     assert original.id in html and branch.id in html
+    runs = {run.id: run.operation_count for run in client.get("/runs/").context["runs"]}
+    assert runs == {original.id: 1, branch.id: 0}
     assert client.get("/runs/conversations/conv_NOPE/").status_code == 404
 
 

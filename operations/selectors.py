@@ -161,6 +161,11 @@ def operations_unknown_queue(user, *, limit: int = 100):
     )
 
 
+def operations_unknown_count(user) -> int:
+    """How many unknown operations the user may see (a range of the unknown partial index)."""
+    return operations_for_user(user).filter(status=OperationStatus.UNKNOWN).count()
+
+
 def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
     """One operation: 404 when its tenant is not visible to the user, 403 without `perm`."""
     op = (

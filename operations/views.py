@@ -29,6 +29,7 @@ from operations.selectors import (
     operation_for_user,
     operation_timeline,
     operations_journal,
+    operations_unknown_count,
     operations_unknown_queue,
     tenants_for_user,
 )
@@ -36,6 +37,7 @@ from operations.services import audit_event_record
 
 S = OperationStatus
 PAGE_SIZE = 50
+UNKNOWN_QUEUE_SIZE = 100
 DETAIL = "operations/detail.html"
 
 
@@ -66,11 +68,11 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def operation_unknown(request: HttpRequest) -> HttpResponse:
-    rows = [
-        (op, intent_summary(action=op.action, payload=op.payload))
-        for op in operations_unknown_queue(request.user)
-    ]
-    return render(request, "operations/unknown.html", {"rows": rows})
+    queue = operations_unknown_queue(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    rows = [(op, intent_summary(action=op.action, payload=op.payload)) for op in queue]
+    # Only a full page can have more behind it; then say how many wait in all.
+    total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
+    return render(request, "operations/unknown.html", {"rows": rows, "total": total})
 
 
 def _panel_context(

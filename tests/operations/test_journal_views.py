@@ -259,6 +259,18 @@ def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, op
     assert hidden.id not in html and settled.id not in html
     listing = signed_in(operator).get("/operations/").content.decode()
     assert 'href="/operations/unknown/"' in listing
+    assert "Showing the oldest" not in html
+
+
+@pytest.mark.django_db
+def test_it_says_how_many_unknowns_wait_beyond_the_queue_page(acme, operator, monkeypatch):
+    monkeypatch.setattr("operations.views.UNKNOWN_QUEUE_SIZE", 2)
+    ops = [make_unknown(prepared_payment(acme, invoice_id=f"inv_{i}"),
+                        ago=timedelta(minutes=10 - i)) for i in range(3)]
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert ops[0].id in html and ops[1].id in html and ops[2].id not in html
+    assert "Showing the oldest 2 of 3 unknown operations" in html
+    assert 'href="/operations/?status=unknown">Browse them all' in html
 
 
 @pytest.mark.django_db

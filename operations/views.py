@@ -84,8 +84,9 @@ def _panel_context(
     notice_level: str = "",
 ) -> dict[str, Any]:
     can_operate = request.user.has_perm("operations.operate_operations", op.tenant)
-    # The buttons follow the engine: reconcile and dispute where a reconcile would ask the
-    # provider (an open outcome, or a stuck lease); resolve where the table allows it.
+    # The buttons follow the engine: reconcile where a reconcile would ask the provider (an
+    # open outcome, or a stuck lease); resolve where the table allows it; dispute there too,
+    # and on a finished effect someone contests (a payment the beneficiary says never came).
     can_reconcile = can_operate and reconcile_applies(op)
     forms = forms or {}
     return {
@@ -94,7 +95,8 @@ def _panel_context(
         "timeline": operation_timeline(op),
         "can_reconcile": can_reconcile,
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
-        "can_dispute": can_reconcile,
+        "can_dispute": can_reconcile
+        or (can_operate and op.status in (S.SUCCEEDED, S.FAILED)),
         "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
         "resolve_form": forms.get("resolve") or ResolveForm(prefix="resolve"),
         "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),

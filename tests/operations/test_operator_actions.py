@@ -208,6 +208,26 @@ def test_it_shows_the_buttons_only_when_useful_and_permitted(
 
 
 @pytest.mark.django_db
+def test_it_offers_only_dispute_on_a_finished_operation(acme, operator, approver):
+    op = prepared_payment(acme, invoice_id="inv_done")
+    Operation.objects.filter(id=op.id).update(status="succeeded", external_id="pi_done")
+    page = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+    assert "Mark disputed</button>" in page
+    assert "Reconcile now" not in page and "Resolve as" not in page
+    assert "Mark disputed" not in signed_in(approver).get(f"/operations/{op.id}/").content.decode()
+
+    signed_in(operator).post(f"/operations/{op.id}/dispute",
+                             {"dispute-reason": "beneficiary says no money arrived"})
+
+    op.refresh_from_db()
+    assert op.status == "disputed" and op.resolved_manually
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.dispute")
+    assert event.reason == "beneficiary says no money arrived"
+    page = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+    assert "Resolve as succeeded" in page and "Mark disputed</button>" not in page
+
+
+@pytest.mark.django_db
 def test_it_offers_dispute_for_an_expired_lease_only(acme, operator):
     op = prepared_payment(acme, invoice_id="inv_stuck")
     Operation.objects.filter(id=op.id).update(

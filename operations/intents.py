@@ -240,26 +240,34 @@ def _mask_value(value: Any, how: str) -> str:
         return mask_digits(str(value))
     if how == "params":
         if isinstance(value, Mapping):
-            return ", ".join(f"{k}: {_mask_scalar(v)}" for k, v in sorted(value.items()))
+            return ", ".join(
+                f"{k}: {_mask_nested(v, mask_plain_text=True)}" for k, v in sorted(value.items())
+            )
         return mask_text(str(value))
     if how == "patch":
         return _mask_patch(value)
     return _display(value)
 
 
-def _mask_scalar(value: Any) -> str:
-    """Template parameters are free text about a person: every string is masked."""
+def _mask_nested(value: Any, *, mask_plain_text: bool) -> str:
+    """Emails and account-like numbers are masked at any depth. Other text is masked too
+    where it is free text about a person (template parameters), and kept where it is what
+    the approver must read (the fields a deal change moves)."""
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_mask_scalar(v)}" for k, v in sorted(value.items())) + "}"
+        inner = (f"{k}: {_mask_nested(v, mask_plain_text=mask_plain_text)}"
+                 for k, v in sorted(value.items()))
+        return "{" + ", ".join(inner) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(_mask_scalar(v) for v in value) + "]"
+        inner = (_mask_nested(v, mask_plain_text=mask_plain_text) for v in value)
+        return "[" + ", ".join(inner) + "]"
     if isinstance(value, str):
         if _EMAIL.match(value):
             return mask_email(value)
         if sum(ch.isdigit() for ch in value) >= 6:
             return mask_digits(value)
-        return mask_text(value)
-    return _display(value)
+        if mask_plain_text:
+            return mask_text(value)
+    return str(value)
 
 
 def _mask_patch(value: Any) -> str:
@@ -267,27 +275,13 @@ def _mask_patch(value: Any) -> str:
     personal: a field the deal schema masks (the owner's email), and anything that looks
     like an email address or an account number wherever it sits."""
     if not isinstance(value, Mapping):
-        return _mask_personal(value)
+        return _mask_nested(value, mask_plain_text=False)
     masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
     return ", ".join(
-        f"{k} → {_mask_value(v, masks[k]) if masks.get(k) else _mask_personal(v)}"
+        f"{k} → "
+        + (_mask_value(v, masks[k]) if masks.get(k) else _mask_nested(v, mask_plain_text=False))
         for k, v in sorted(value.items())
     )
-
-
-def _mask_personal(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(
-            f"{k}: {_mask_personal(v)}" for k, v in sorted(value.items())
-        ) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_mask_personal(v) for v in value) + "]"
-    if isinstance(value, str):
-        if _EMAIL.match(value):
-            return mask_email(value)
-        if sum(ch.isdigit() for ch in value) >= 6:
-            return mask_digits(value)
-    return str(value)
 
 
 def _display(value: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,3 +32,30 @@ def wait_for(
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class Background:
+    """Run `target` in a thread on its own database connection (closed when it ends), as a
+    second worker would; `join()` returns what it returned, or raises what it raised."""
+
+    def __init__(self, target: Callable[[], Any]) -> None:
+        self._target = target
+        self._outcome: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome["value"] = self._target()
+        except BaseException as exc:  # noqa: BLE001 - handed to join()
+            self._outcome["error"] = exc
+        finally:
+            connection.close()
+
+    def join(self, timeout: float = 30) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            pytest.fail(f"the background call did not finish in {timeout}s")
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome.get("value")

@@ -21,7 +21,7 @@ from operations.models import Attempt, AttemptKind, Operation, OperationStatus, 
 from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.services import sandbox_counts, sandbox_fault_set, sandbox_writes
 from operations.tasks import execute_operation, sweep_operations
-from tests.helpers import wait_for
+from tests.helpers import Background, wait_for
 from tests.operations.engine_helpers import authorized_payment
 
 S = OperationStatus
@@ -354,10 +354,6 @@ def test_it_makes_one_deal_when_a_timed_out_create_lands_after_the_retry(acme, p
 def test_it_does_not_apply_an_absence_looked_up_before_a_newer_call(
     acme, approver, providers, settings
 ):
-    import threading
-
-    from django.db import connection
-
     from operations.sandbox.models import SandboxRequest
 
     settings.PROVIDER_TIMEOUT_SECONDS = 5  # the slow lookup is answered, only late
@@ -366,16 +362,7 @@ def test_it_does_not_apply_an_absence_looked_up_before_a_newer_call(
     engine.operation_execute(operation_id=op.id)  # call 1: refused before any write
     # A slow reconcile: its lookup is held at the provider while everything below happens.
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
-    slow: dict[str, engine.ReconcileReport] = {}
-
-    def slow_reconcile() -> None:
-        try:
-            slow["report"] = engine.operation_reconcile(operation_id=op.id)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=slow_reconcile)
-    thread.start()
+    slow = Background(lambda: engine.operation_reconcile(operation_id=op.id))
     wait_for(lambda: SandboxRequest.objects.filter(operation_id=op.id, method="GET").exists(),
              what="the slow lookup to reach the provider")
     time.sleep(0.3)  # and to take the delay fault
@@ -384,10 +371,10 @@ def test_it_does_not_apply_an_absence_looked_up_before_a_newer_call(
     assert engine.operation_reconcile(operation_id=op.id).may_call_again
     sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
     assert engine.operation_execute(operation_id=op.id).outcome == "called"
-    thread.join(timeout=20)
+    report = slow.join()
 
     op.refresh_from_db()
-    assert slow["report"].outcome == "stale" and not slow["report"].may_call_again
+    assert report.outcome == "stale" and not report.may_call_again
     assert op.status == S.UNKNOWN and op.provider_calls == 2
     assert len(payment_posts(op)) == 2 and PaymentIntent.objects.count() == 0
     assert op.evidence.filter(to_status=S.NOT_STARTED).count() == 1
@@ -397,27 +384,16 @@ def test_it_does_not_apply_an_absence_looked_up_before_a_newer_call(
 def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
     acme, approver, operator, providers, settings
 ):
-    import threading
-
-    from django.db import connection
-
     settings.OPERATION_LEASE_SECONDS = 1
     settings.PROVIDER_TIMEOUT_SECONDS = 5
     op = authorized_payment(acme, approver)
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
 
-    def execute() -> None:
-        try:
-            engine.operation_execute(operation_id=op.id)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=execute)
-    thread.start()
+    call = Background(lambda: engine.operation_execute(operation_id=op.id))
     time.sleep(1.3)  # the lease has run out; the call is still in flight
     engine.operation_dispute(operation_id=op.id, actor=operator,
                              reason="the worker looks stuck; treasury checks by hand")
-    thread.join(timeout=20)
+    call.join()
 
     op.refresh_from_db()
     intent = PaymentIntent.objects.get()
@@ -449,24 +425,13 @@ def test_it_checks_a_pending_payment_again_later_not_at_every_sweep(
 def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
     acme, approver, providers, client, settings
 ):
-    import threading
-
-    from django.db import connection
-
     from operations.providers.signing import stripe_signature_header
 
     op = authorized_payment(acme, approver)
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
     settings.PROVIDER_TIMEOUT_SECONDS = 5
 
-    def execute() -> None:
-        try:
-            engine.operation_execute(operation_id=op.id)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=execute)
-    thread.start()
+    call = Background(lambda: engine.operation_execute(operation_id=op.id))
     wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
              what="the call to start")
     # A "processing" event about this operation arrives while the call is in flight.
@@ -483,7 +448,7 @@ def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
             secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body))
     assert response.status_code == 200
     assert Operation.objects.get(id=op.id).status == S.ACCEPTED
-    thread.join(timeout=20)
+    call.join()
 
     op.refresh_from_db()
     intent = PaymentIntent.objects.get()

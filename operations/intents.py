@@ -377,7 +377,12 @@ def intent_diff(
             continue
         old = old_rows.get(spec.name)
         new = new_rows.get(spec.name)
-        diff.append(DiffRow(spec.label, old.value if old else "—", new.value if new else "—"))
+        old_shown, new_shown = old.value if old else "—", new.value if new else "—"
+        if old_shown == new_shown:
+            # Different values that mask alike (same last four): say so, or the approver
+            # would see a change row that shows no change.
+            new_shown += " (changed in the masked part)"
+        diff.append(DiffRow(spec.label, old_shown, new_shown))
     if old_policy != new_policy:
         diff.append(DiffRow("Policy version", old_policy, new_policy))
     return diff

@@ -116,6 +116,14 @@ def test_it_masks_what_is_personal_inside_a_deal_change_and_nested_mail_params()
     assert "a***@example.com" in shown and "••••0199" in shown
 
 
+def test_it_flags_a_change_hidden_by_the_mask():
+    new = {**PAYMENT, "beneficiary_id": "vendor_990012345"}  # same last four as the old one
+    diff = intent_diff(action="payments.create", old_payload=PAYMENT, new_payload=new)
+    assert [(d.label, d.old, d.new) for d in diff] == [
+        ("Beneficiary", "••••2345", "••••2345 (changed in the masked part)"),
+    ]
+
+
 def test_it_diffs_field_by_field_masked():
     new = {**PAYMENT, "amount_minor": 1350000, "beneficiary_id": "vendor_778899999"}
     diff = intent_diff(action="payments.create", old_payload=PAYMENT, new_payload=new,

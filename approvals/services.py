@@ -5,7 +5,7 @@ are audited in their own transaction, so the attempt is on record though nothing
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -19,6 +19,8 @@ from operations.services import audit_event_record
 from operations.tasks import execute_on_commit
 
 P = ApprovalStatus
+# The least time an approval gives the engine to start the operation.
+AUTHORIZATION_MIN_WINDOW = timedelta(minutes=15)
 
 
 class ApprovalRefused(Exception):
@@ -118,7 +120,14 @@ def approval_supersede(*, approval_id: str, new_approval: Approval) -> bool:
 
 
 def _locked(approval_id: str) -> Approval:
-    # FOR UPDATE OF the approval row only: a second decision waits here, then sees the first.
+    """The approval, locked, after its operation's row: a second decision waits here, then
+    sees the first.
+
+    Operation first, then approval, as prepare takes them when a changed intent supersedes
+    this one (it locks the old operation, cancels it, then supersedes its approval). In the
+    other order a decision and a supersede could each hold what the other waits for."""
+    operation_id = Approval.objects.values_list("operation_id", flat=True).get(id=approval_id)
+    Operation.objects.select_for_update().filter(id=operation_id).values_list("id").first()
     return (
         Approval.objects.select_for_update(of=("self",))
         .select_related("operation", "operation__tenant", "operation__run")
@@ -185,7 +194,9 @@ def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
                     approved_hash=approval.payload_hash,
                     policy_version=approval.policy_version,
                     approved_by=actor,
-                    expires_at=approval.expires_at,
+                    # A decision made in time leaves the worker time to start, even when it
+                    # came in the approval's last minute.
+                    expires_at=max(approval.expires_at, now + AUTHORIZATION_MIN_WINDOW),
                     reason=comment,
                 )
             except AuthorizationRefused as exc:
@@ -254,6 +265,7 @@ def _record_refusal(*, approval_id: str, actor, refusal: ApprovalRefused, verb: 
 def approval_expire(*, approval_id: str) -> bool:
     """Expire a pending approval whose time is up, and cancel its never-run operation."""
     with transaction.atomic():
+        _locked(approval_id)  # the same lock order as every other change of an approval
         now = timezone.now()
         won = (
             Approval.objects.filter(

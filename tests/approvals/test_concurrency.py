@@ -47,3 +47,40 @@ def test_it_lets_exactly_one_of_two_simultaneous_approvals_win(
     assert AuditEvent.objects.filter(action="approval.approve", object_id=approval.id).count() == 1
     refused = AuditEvent.objects.get(action="approval.approve_refused", object_id=approval.id)
     assert refused.actor_username == loser
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_locks_the_operation_before_the_approval_as_a_supersede_does(
+    acme, approver, prepare_payment, no_execute
+):
+    """A decision and a changed intent's supersede must take the two rows in one order, or
+    each could hold what the other waits for (PostgreSQL would then kill one of them)."""
+    import time
+
+    from django.db import DatabaseError, transaction
+
+    from tests.helpers import Background
+
+    approval = prepare_payment(acme)
+    holding = threading.Event()
+
+    def hold_the_operation() -> None:  # as prepare does while it supersedes this intent
+        with transaction.atomic():
+            Operation.objects.select_for_update().get(id=approval.operation_id)
+            holding.set()
+            time.sleep(1.5)
+
+    holder = Background(hold_the_operation)
+    holding.wait(timeout=10)
+    decision = Background(lambda: approval_approve(approval_id=approval.id, actor=approver))
+    time.sleep(0.5)  # the decision is now waiting for its first lock
+
+    # It waits on the operation, so the approval is still free for the supersede to take.
+    try:
+        with transaction.atomic():
+            Approval.objects.select_for_update(nowait=True).get(id=approval.id)
+    except DatabaseError:
+        pytest.fail("the decision locked the approval before the operation")
+    holder.join()
+    assert decision.join().status == ApprovalStatus.APPROVED
+    assert no_execute == [approval.operation_id]

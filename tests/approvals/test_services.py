@@ -67,6 +67,18 @@ def test_it_approves_authorizes_and_enqueues_execution(acme, approver, prepare_p
     assert len(_audits("approval.approve", approval)) == 1
 
 
+def test_it_leaves_the_worker_time_to_start_after_a_last_minute_approval(
+    acme, approver, prepare_payment, no_execute
+):
+    approval = prepare_payment(acme)
+    Approval.objects.filter(id=approval.id).update(
+        expires_at=timezone.now() + timedelta(seconds=5))
+    approval_approve(approval_id=approval.id, actor=approver)
+    op = Operation.objects.get(id=approval.operation_id)
+    assert op.authorization_expires_at >= timezone.now() + timedelta(minutes=14)
+    assert no_execute == [op.id]
+
+
 def test_it_refuses_an_expired_approval_marks_it_expired_and_audits(
     acme, approver, prepare_payment, no_execute
 ):

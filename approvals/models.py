@@ -64,11 +64,12 @@ class Approval(models.Model):
                 | (~models.Q(status=ApprovalStatus.PENDING) & models.Q(decided_at__isnull=False)),
                 name="approval_decided_iff_not_pending",
             ),
-            # A superseded approval always says which one replaced it.
+            # Only a superseded approval names a successor. It may name none: the changed
+            # intent needed no approval (its operation's superseded_by says which it is).
             models.CheckConstraint(
-                condition=~models.Q(status=ApprovalStatus.SUPERSEDED)
-                | models.Q(superseded_by__isnull=False),
-                name="approval_superseded_has_successor",
+                condition=models.Q(status=ApprovalStatus.SUPERSEDED)
+                | models.Q(superseded_by__isnull=True),
+                name="approval_successor_only_if_superseded",
             ),
             models.UniqueConstraint(
                 fields=["operation"],

@@ -41,6 +41,11 @@ def _when(moment: datetime | None) -> str:
 def _decided_message(approval: Approval) -> str:
     who = approval.decided_by.username if approval.decided_by_id else "the system"
     if approval.status == P.SUPERSEDED:
+        if approval.superseded_by_id is None:
+            return (
+                f"This intent was superseded at {_when(approval.decided_at)} by a changed one "
+                "that needs no approval; there is nothing to decide."
+            )
         return (
             f"This intent was superseded by a changed one ({approval.superseded_by_id}) at "
             f"{_when(approval.decided_at)}; review and approve the new intent instead."
@@ -90,18 +95,24 @@ def approval_request(*, operation: Operation, supersedes: Operation | None = Non
             },
         )
         if supersedes is not None:
-            old = (
-                Approval.objects.filter(operation=supersedes, status=P.PENDING)
-                .values_list("id", flat=True)
-                .first()
-            )
-            if old is not None:
-                approval_supersede(approval_id=old, new_approval=approval)
+            approvals_supersede_for(operation=supersedes, new_approval=approval)
     return approval
 
 
-def approval_supersede(*, approval_id: str, new_approval: Approval) -> bool:
-    """Mark a pending approval unusable because its intent changed; True when this call won."""
+def approvals_supersede_for(*, operation: Operation, new_approval: Approval | None) -> None:
+    """The replaced intent's pending approval, if any, can no longer be used."""
+    old = (
+        Approval.objects.filter(operation=operation, status=P.PENDING)
+        .values_list("id", flat=True)
+        .first()
+    )
+    if old is not None:
+        approval_supersede(approval_id=old, new_approval=new_approval)
+
+
+def approval_supersede(*, approval_id: str, new_approval: Approval | None) -> bool:
+    """Mark a pending approval unusable because its intent changed; True when this call won.
+    `new_approval` is None when the new intent needs no approval (the policy authorizes it)."""
     with transaction.atomic():
         won = (
             Approval.objects.filter(id=approval_id, status=P.PENDING).update(
@@ -114,7 +125,8 @@ def approval_supersede(*, approval_id: str, new_approval: Approval) -> bool:
             _audit(
                 actor=None, action="approval.supersede", approval=approval,
                 tenant=approval.operation.tenant, before={"status": P.PENDING},
-                after={"status": P.SUPERSEDED, "superseded_by": new_approval.id},
+                after={"status": P.SUPERSEDED,
+                       "superseded_by": new_approval.id if new_approval else None},
             )
     return won
 

@@ -129,9 +129,7 @@ def operation_prepare(
                 data={"superseded_by": op.id},
                 actor=actor,
             )
-        if requires:
-            operation_prepared.send(sender=Operation, operation=op, supersedes=supersedes)
-        else:
+        if not requires:
             # The policy itself authorizes; recorded like any other authorization.
             Operation.objects.filter(id=op.id).update(
                 authorized_hash=payload_hash,
@@ -146,6 +144,7 @@ def operation_prepare(
                 data={"policy_version": policy.version},
             )
         op.refresh_from_db()
+        operation_prepared.send(sender=Operation, operation=op, supersedes=supersedes)
         return op
 
 

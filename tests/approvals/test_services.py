@@ -52,6 +52,12 @@ def test_it_refuses_an_unknown_status_in_the_database(acme, prepare_payment):
         Approval.objects.filter(id=approval.id).update(status="maybe")
 
 
+def test_it_refuses_a_successor_on_an_approval_that_is_not_superseded(acme, prepare_payment):
+    first, second = prepare_payment(acme), prepare_payment(acme)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Approval.objects.filter(id=first.id).update(superseded_by=second)
+
+
 def test_it_approves_authorizes_and_enqueues_execution(acme, approver, prepare_payment,
                                                        no_execute):
     approval = prepare_payment(acme)
@@ -213,6 +219,30 @@ def test_it_supersedes_the_old_approval_when_the_intent_changes(
     assert no_execute == []
     approval_approve(approval_id=new.id, actor=approver)
     assert no_execute == [new.operation_id]
+
+
+def test_it_supersedes_the_old_approval_when_the_new_intent_needs_none(acme, admin_user):
+    from operations.engine import operation_prepare
+    from tests.helpers import signed_in
+
+    deal = {"name": "Renewal", "amount_minor": 6_000_000, "currency": "EUR", "owner": "dana"}
+    old_op = operation_prepare(tenant=acme, action="crm.create_deal", payload=deal)
+    old = Approval.objects.get(operation=old_op)
+    # Cut under the approval threshold: the policy itself authorizes the new intent.
+    new_op = operation_prepare(tenant=acme, action="crm.create_deal", supersedes=old_op,
+                               payload={**deal, "amount_minor": 4_000_000})
+
+    old.refresh_from_db()
+    assert not new_op.requires_approval and not Approval.objects.filter(operation=new_op)
+    assert (old.status, old.superseded_by) == (ApprovalStatus.SUPERSEDED, None)
+    (event,) = _audits("approval.supersede", old)
+    assert event.after == {"operation": old_op.id, "status": "superseded", "superseded_by": None}
+    page = signed_in(admin_user).get(f"/approvals/{old.id}/").content.decode()
+    assert new_op.id in page and "needs no approval" in page
+    assert ">Approve</button>" not in page
+    with pytest.raises(ApprovalRefused, match="needs no approval; there is nothing to decide"):
+        approval_approve(approval_id=old.id, actor=admin_user)
+    assert Operation.objects.get(id=old_op.id).status == OperationStatus.CANCELLED
 
 
 def test_it_expires_overdue_approvals_only(acme, prepare_payment):

@@ -62,13 +62,20 @@ def stripe_signature_verify(
     # Compare every candidate without stopping early, so timing says nothing about which failed.
     matched = False
     for candidate in signatures:
-        matched |= hmac.compare_digest(expected, candidate)
+        matched |= digests_equal(expected, candidate)
     if not matched:
         raise WebhookSignatureError("no signature matches the body")
     current = time.time() if now is None else now
     if tolerance and timestamp < current - tolerance:
         raise WebhookSignatureError("signature timestamp is outside the tolerance")
     return timestamp
+
+
+def digests_equal(expected: str, given: str) -> bool:
+    """Constant-time comparison of a header value we did not write. As bytes: compare_digest
+    refuses a str holding anything but ASCII (TypeError, a 500), and a header can hold any
+    Latin-1 character."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace"))
 
 
 def hmac_signature_header(*, secret: str, body: bytes) -> str:
@@ -79,7 +86,7 @@ def hmac_signature_verify(*, secret: str, header: str, body: bytes) -> None:
     scheme, _, value = header.strip().partition("=")
     if scheme != "sha256" or not value:
         raise WebhookSignatureError("signature header is not of the form sha256=<hex>")
-    if not hmac.compare_digest(_hmac_hex(secret, body), value):
+    if not digests_equal(_hmac_hex(secret, body), value):
         raise WebhookSignatureError("signature does not match the body")
 
 

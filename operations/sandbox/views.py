@@ -7,7 +7,6 @@ can count exactly what reached the provider.
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 import re
 import time
@@ -21,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
+from operations.providers.signing import digests_equal
 from operations.sandbox import services
 from operations.sandbox.models import (
     Deal,
@@ -102,7 +102,7 @@ def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
 
 def _authorized(request: HttpRequest, provider: str) -> bool:
     expected = f"Bearer {getattr(settings, f'{provider.upper()}_API_KEY')}"
-    return hmac.compare_digest(request.headers.get("Authorization", ""), expected)
+    return digests_equal(expected, request.headers.get("Authorization", ""))
 
 
 def _stall(seconds: float) -> None:

@@ -455,3 +455,21 @@ def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
     assert op.status == S.SUCCEEDED and op.external_id == intent.id
     assert op.evidence.filter(from_status=S.ACCEPTED, to_status=S.SUCCEEDED).count() == 1
     assert len(payment_posts(op)) == 1
+
+
+@pytest.mark.django_db
+def test_it_answers_400_not_500_to_a_signature_header_that_is_not_ascii(client):
+    from operations.sandbox.services import sandbox_requests
+
+    body = b'{"id": "evt_x", "type": "payment_intent.succeeded", "data": {"object": {}}}'
+    for provider, header in (("payments", {"HTTP_STRIPE_SIGNATURE": "t=1,v1=\xff"}),
+                             ("crm", {"HTTP_X_CRM_SIGNATURE": "sha256=\xe9"}),
+                             ("mail", {"HTTP_X_MAIL_SIGNATURE": "sha256=\xe9"})):
+        response = client.post(f"/webhooks/{provider}/", data=body,
+                               content_type="application/json", **header)
+        assert response.status_code == 400, provider
+    assert WebhookEvent.objects.count() == 0
+    refused = client.get("/sandbox/payments/v1/payment_intents/pi_1",
+                         HTTP_AUTHORIZATION="Bearer \xe9")
+    assert refused.status_code == 401
+    assert sandbox_requests(provider="payments").count() == 1  # logged, refused, nothing else

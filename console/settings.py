@@ -210,18 +210,36 @@ def _float_env(name: str, default: str) -> float:
 # demos end to end; a real deployment sets *_API_BASE to a Stripe-compatible endpoint etc.
 # A /sandbox/ base with DEBUG off is allowed on purpose: that is a demo deployment.
 _SANDBOX_BASE = f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}/sandbox"
+
+
+def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
+    """An API key or webhook secret. Its default is the sandbox's, printed in this file, so
+    it serves only the sandbox: with DEBUG off and the provider's base elsewhere, anyone
+    could sign webhooks with it. Then the variable must be set."""
+    value = os.environ.get(name, "")
+    if value:
+        return value
+    if not DEBUG and "/sandbox/" not in base:
+        raise ConfigError(f"{name} must be set: its provider is not the sandbox ({base})")
+    return sandbox_value
+
+
 PAYMENTS_API_BASE = os.environ.get("PAYMENTS_API_BASE", f"{_SANDBOX_BASE}/payments")
-PAYMENTS_API_KEY = os.environ.get("PAYMENTS_API_KEY", "sk_test_sandbox")
-PAYMENTS_WEBHOOK_SECRET = os.environ.get("PAYMENTS_WEBHOOK_SECRET", "whsec_sandbox_payments")
+PAYMENTS_API_KEY = _provider_credential(
+    "PAYMENTS_API_KEY", "sk_test_sandbox", base=PAYMENTS_API_BASE)
+PAYMENTS_WEBHOOK_SECRET = _provider_credential(
+    "PAYMENTS_WEBHOOK_SECRET", "whsec_sandbox_payments", base=PAYMENTS_API_BASE)
 # Stripe's search index trails writes by up to a minute: an empty search younger than this
 # after our last call proves nothing.
 PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60")
 CRM_API_BASE = os.environ.get("CRM_API_BASE", f"{_SANDBOX_BASE}/crm")
-CRM_API_KEY = os.environ.get("CRM_API_KEY", "crm_sandbox_key")
-CRM_WEBHOOK_SECRET = os.environ.get("CRM_WEBHOOK_SECRET", "whsec_sandbox_crm")
+CRM_API_KEY = _provider_credential("CRM_API_KEY", "crm_sandbox_key", base=CRM_API_BASE)
+CRM_WEBHOOK_SECRET = _provider_credential(
+    "CRM_WEBHOOK_SECRET", "whsec_sandbox_crm", base=CRM_API_BASE)
 MAIL_API_BASE = os.environ.get("MAIL_API_BASE", f"{_SANDBOX_BASE}/mail")
-MAIL_API_KEY = os.environ.get("MAIL_API_KEY", "mail_sandbox_key")
-MAIL_WEBHOOK_SECRET = os.environ.get("MAIL_WEBHOOK_SECRET", "whsec_sandbox_mail")
+MAIL_API_KEY = _provider_credential("MAIL_API_KEY", "mail_sandbox_key", base=MAIL_API_BASE)
+MAIL_WEBHOOK_SECRET = _provider_credential(
+    "MAIL_WEBHOOK_SECRET", "whsec_sandbox_mail", base=MAIL_API_BASE)
 PROVIDER_TIMEOUT_SECONDS = _float_env("PROVIDER_TIMEOUT_SECONDS", "10")
 
 # The sandbox providers are served under /sandbox/ with DEBUG on, or when asked for explicitly.

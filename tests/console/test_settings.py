@@ -35,6 +35,12 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         ({"DEBUG": "0", "SECRET_KEY": "short", "ALLOWED_HOSTS": "x.example.com"}, "SECRET_KEY"),
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60}, "ALLOWED_HOSTS"),
         ({"DEBUG": "1", "CSRF_TRUSTED_ORIGINS": "console.example.com"}, "CSRF_TRUSTED_ORIGINS"),
+        # A real provider never falls back to the sandbox's published credentials.
+        ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x"},
+         "PAYMENTS_WEBHOOK_SECRET"),
+        ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "CRM_API_BASE": "https://crm.example.com/api"}, "CRM_API_KEY"),
     ],
 )
 def test_it_fails_at_start_with_one_line_naming_the_variable(overrides, variable):

@@ -182,6 +182,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 OPERATION_LEASE_SECONDS = int(os.environ.get("OPERATION_LEASE_SECONDS", "30"))
 RECONCILE_DELAY_SECONDS = int(os.environ.get("RECONCILE_DELAY_SECONDS", "5"))
 ACCEPTED_RECONCILE_SECONDS = int(os.environ.get("ACCEPTED_RECONCILE_SECONDS", "120"))
+# Calls the engine makes on its own for one operation (each after a lookup proved the last
+# one left nothing); past that, a person decides.
+OPERATION_MAX_AUTOMATIC_CALLS = int(os.environ.get("OPERATION_MAX_AUTOMATIC_CALLS", "5"))
 POLICY_VERSION_OVERRIDES: dict[str, str] = {}
 
 LOGGING = {

@@ -171,10 +171,37 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
         raise IntentError(f"{action}: currency must be an ISO 4217 code such as KZT or EUR")
     if action == Action.MAIL_SEND and not _EMAIL.match(payload["to"]):
         raise IntentError(f"{action}: to must be an email address")
-    if action == Action.CRM_UPDATE_DEAL and not payload["patch"]:
-        raise IntentError(f"{action}: patch must change at least one field")
+    if action == Action.CRM_UPDATE_DEAL:
+        _deal_patch_validate(payload["patch"], action=action)
     _refuse_secrets(dict(payload), "payload")
     return dict(payload)
+
+
+# What a deal change may set, and of which type (the fields of crm.create_deal, and stage).
+DEAL_PATCH_FIELDS: dict[str, type] = {
+    "name": str, "amount_minor": int, "currency": str, "owner": str, "stage": str,
+}
+
+
+def _deal_patch_validate(patch: Mapping[str, Any], *, action: str) -> None:
+    if not patch:
+        raise IntentError(f"{action}: patch must change at least one field")
+    unknown = sorted(set(patch) - set(DEAL_PATCH_FIELDS))
+    if unknown:
+        raise IntentError(
+            f"{action}: patch cannot change {', '.join(unknown)}; "
+            f"it may change {', '.join(DEAL_PATCH_FIELDS)}"
+        )
+    for name, value in patch.items():
+        kind = DEAL_PATCH_FIELDS[name]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise IntentError(f"{action}: patch.{name} must be {_kind_word(kind.__name__)}")
+        if name == "amount_minor" and value < 0:
+            raise IntentError(f"{action}: patch.amount_minor must be at least 0")
+        if name == "currency" and not _CURRENCY.match(value):
+            raise IntentError(f"{action}: patch.currency must be an ISO 4217 code such as EUR")
+        if name in ("name", "stage") and not value.strip():
+            raise IntentError(f"{action}: patch.{name} must not be empty")
 
 
 def _kind_word(name: str) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -204,6 +205,15 @@ def _record_lookup(
             EffectClass.CREATE_WITH_NATURAL_KEY,
             EffectClass.VERSIONED_UPDATE,
         )
+        max_calls = getattr(settings, "OPERATION_MAX_AUTOMATIC_CALLS", 5)
+        if may_call and op.provider_calls >= max_calls:
+            # A provider that fails the same request every time (a 5xx it always gives)
+            # would otherwise be called every few seconds until the approval runs out.
+            _lookup_noted(
+                op, summary=f"proven absent after {op.provider_calls} calls; no more automatic "
+                "calls, a person decides", data=data, actor=actor, next_reconcile_at=None,
+            )
+            return ReconcileReport(op.id, "absent", op.status, "call limit reached")
         if may_call:
             won = transition(
                 op,

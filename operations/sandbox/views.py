@@ -301,6 +301,29 @@ def _deal_fields(params: Params) -> tuple[dict[str, Any], JsonResponse | None]:
             "agent_operation_id": operation_id}, None
 
 
+# The deal columns' sizes, for values inside a PATCH (top-level ones go through _too_long).
+DEAL_TEXT_LIMITS = {"name": 200, "owner": 150, "stage": 40}
+
+
+def _patch_problem(patch: dict[str, Any]) -> JsonResponse | None:
+    """A value the deal cannot hold is the client's mistake (400), never our crash (500)."""
+    for field, value in patch.items():
+        param = f"patch[{field}]"
+        if field == "amount_minor":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                return invalid("amount_minor must be a non-negative integer", param=param)
+        elif field == "currency":
+            if not isinstance(value, str) or not CURRENCY.match(value):
+                return invalid("currency must be three letters", param=param)
+        else:
+            limit = DEAL_TEXT_LIMITS[field]
+            if not isinstance(value, str) or len(value) > limit or (
+                field != "owner" and not value.strip()
+            ):
+                return invalid(f"{field} must be text of 1 to {limit} characters", param=param)
+    return None
+
+
 @endpoint(Provider.CRM)
 def deals(request: HttpRequest, params: Params) -> HttpResponse:
     if request.method == "GET":
@@ -345,6 +368,11 @@ def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
         )
     if not isinstance(operation_id, str):
         return invalid("agent_operation_id must be a string", param="agent_operation_id")
+    problem = _patch_problem(patch)
+    if problem:
+        return problem
+    if "currency" in patch:
+        patch = {**patch, "currency": patch["currency"].upper()}
     updated, applied = services.sandbox_deal_update(
         deal=current, expected_version=expected, patch=patch, operation_id=operation_id
     )

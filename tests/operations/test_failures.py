@@ -207,6 +207,29 @@ def test_it_calls_again_with_the_same_key_only_after_absence_is_proven(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_stops_calling_a_provider_that_always_fails_and_asks_a_person(
+    acme, approver, providers, settings
+):
+    settings.OPERATION_MAX_AUTOMATIC_CALLS = 2
+    op = authorized_payment(acme, approver)
+    for _ in range(2):
+        # Every create answers 500 before writing anything; every lookup proves absence.
+        sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+        assert engine.operation_execute(operation_id=op.id).outcome == "called"
+        report = engine.operation_reconcile(operation_id=op.id)
+
+    assert (report.outcome, report.detail, report.may_call_again) == (
+        "absent", "call limit reached", False)
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.next_reconcile_at is None  # a person's queue
+    assert op.provider_calls == 2 and len(payment_posts(op)) == 2
+    assert PaymentIntent.objects.count() == 0
+    assert "no more automatic calls" in op.evidence.filter(kind="lookup").last().summary
+    assert op.id not in engine.operations_due_for_reconcile()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_fails_a_refused_intent_without_retrying(acme, approver, providers):
     op = authorized_payment(acme, approver)
     sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)

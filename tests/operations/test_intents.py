@@ -67,6 +67,27 @@ def test_it_refuses_a_bad_payment_intent_with_a_clear_error(payload, message):
         intent_validate(action="payments.create", payload=payload)
 
 
+DEAL_CHANGE = {"target": "deal_1", "expected_version": 2, "patch": {"stage": "won"}}
+
+
+@pytest.mark.parametrize(
+    "patch,message",
+    [
+        ({}, "must change at least one field"),
+        ({"version": 3}, "cannot change version"),
+        ({"amount_minor": "ten"}, "patch.amount_minor must be an integer"),
+        ({"amount_minor": -1}, "at least 0"),
+        ({"stage": 7}, "patch.stage must be a string"),
+        ({"stage": " "}, "patch.stage must not be empty"),
+        ({"currency": "eur"}, "ISO 4217"),
+    ],
+)
+def test_it_refuses_a_deal_change_the_crm_could_not_apply(patch, message):
+    with pytest.raises(IntentError, match=message):
+        intent_validate(action="crm.update_deal", payload={**DEAL_CHANGE, "patch": patch})
+    intent_validate(action="crm.update_deal", payload=DEAL_CHANGE)
+
+
 def test_it_refuses_secrets_nested_in_mail_params():
     with pytest.raises(IntentError, match="secret"):
         intent_validate(action="mail.send", payload={

@@ -291,6 +291,19 @@ def test_it_reports_a_crm_version_conflict_with_the_current_record(sandbox):
     assert Deal.objects.count() == 1
 
 
+@pytest.mark.parametrize("patch", [{"stage": "x" * 41}, {"amount_minor": "ten"},
+                                   {"name": ""}, {"currency": "euro"}])
+def test_it_refuses_a_deal_patch_the_deal_cannot_hold_with_a_400(sandbox, patch):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    op = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1, "patch": patch})
+
+    result = adapter_for("crm.update_deal").call(op)
+
+    assert (result.outcome, result.http_status) == (CallOutcome.FAILED, 400)
+    deal.refresh_from_db()
+    assert (deal.version, deal.applied_operation_ids) == (1, [])
+
+
 def test_it_takes_a_conflict_caused_by_its_own_earlier_update_as_success(sandbox):
     deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
     adapter = adapter_for("crm.update_deal")

@@ -82,8 +82,18 @@ def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
         "event_type": facts.event_type,
         "external_id": facts.external_id,
     }
+    other_object = bool(
+        facts.external_id and op.external_id and facts.external_id != op.external_id
+    )
     if op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
+    elif other_object:
+        # Two provider objects carry this operation (a data incident): an event about the one
+        # we did not record says nothing certain about ours. Kept on the timeline for a person.
+        message = (
+            f"ignored: the event is about {facts.external_id}, the operation records "
+            f"{op.external_id}; a person decides"
+        )
     elif target is None:
         message = f"ignored: {facts.event_type} carries no status"
     elif target == op.status:
@@ -100,7 +110,8 @@ def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
             op,
             to=target,
             sources={op.status},
-            extra=Q(resolved_manually=False),
+            extra=Q(resolved_manually=False)
+            & (Q(external_id="") | Q(external_id=facts.external_id or op.external_id)),
             evidence_kind=EvidenceKind.WEBHOOK,
             summary=f"webhook {facts.event_type}",
             data=data,

@@ -310,6 +310,25 @@ def test_it_ignores_a_late_event_that_arrives_out_of_order(acme, approver, provi
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_ignores_an_event_about_another_object_carrying_the_operation(
+    acme, approver, providers
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = async_payment(acme, approver)
+    # A second PaymentIntent carries this operation id (a data incident) and fails.
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_other", event_type="payment_intent.payment_failed", operation_id=op.id,
+        external_id="pi_someone_elses", status=CallOutcome.FAILED))
+
+    op.refresh_from_db()
+    assert result == "ignored" and "a person decides" in message
+    assert op.status == S.ACCEPTED and op.external_id != "pi_someone_elses"
+    assert op.evidence.filter(kind="webhook", summary__contains="pi_someone_elses").count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_never_revives_an_operation_a_person_resolved(
     acme, approver, operator, providers, live_server
 ):

@@ -31,7 +31,7 @@ def reconcile_operation(operation_id: str) -> str:
 @shared_task(name="operations.sweep_operations")
 def sweep_operations() -> int:
     """Beat: expired leases and due re-checks each get one reconcile task."""
-    ids = engine.operations_due_for_reconcile()
+    ids = engine.operations_claim_due_for_reconcile()
     for operation_id in ids:
         reconcile_operation.delay(operation_id)
     return len(ids)

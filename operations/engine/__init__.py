@@ -21,6 +21,7 @@ from operations.engine.prepare import operation_authorize, operation_prepare
 from operations.engine.reconcile import (
     ReconcileReport,
     operation_reconcile,
+    operations_claim_due_for_reconcile,
     operations_due_for_reconcile,
 )
 from operations.engine.webhooks import webhook_apply
@@ -39,6 +40,7 @@ __all__ = [
     "operation_prepare",
     "operation_reconcile",
     "operation_resolve",
+    "operations_claim_due_for_reconcile",
     "operations_due_for_reconcile",
     "reconcile_applies",
     "webhook_apply",

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from operations.engine import core
@@ -61,7 +61,11 @@ def _expire_lease(op: Operation) -> None:
         evidence_kind=EvidenceKind.TRANSITION,
         summary=f"lease of {op.lease_owner or 'a worker'} expired with no recorded answer",
         data={"lease_owner": op.lease_owner},
-        fields={"error_code": "lease_expired", "next_reconcile_at": timezone.now()},
+        # This reconcile looks right away; the sweep may pick it up only if it never does.
+        fields={
+            "error_code": "lease_expired",
+            "next_reconcile_at": timezone.now() + timedelta(seconds=reconcile_claim_seconds()),
+        },
     )
 
 
@@ -275,17 +279,47 @@ def _lookup_noted(
         )
 
 
+def _due(now) -> tuple[QuerySet[Operation], QuerySet[Operation]]:
+    """(expired leases, unknowns and accepteds whose next check is due), oldest first; each
+    a range of its partial index."""
+    expired = Operation.objects.filter(status=S.IN_PROGRESS, lease_expires_at__lte=now).order_by(
+        "lease_expires_at"
+    )
+    due = Operation.objects.filter(
+        next_reconcile_at__lte=now, status__in=[S.UNKNOWN, S.ACCEPTED]
+    ).order_by("next_reconcile_at")
+    return expired, due
+
+
 def operations_due_for_reconcile(*, limit: int = 200) -> list[str]:
-    """Expired leases and unknowns whose next check is due, oldest first (partial indexes)."""
+    """What the sweep would reconcile now."""
+    expired, due = _due(timezone.now())
+    return list(dict.fromkeys([
+        *expired.values_list("id", flat=True)[:limit],
+        *due.values_list("id", flat=True)[:limit],
+    ]))
+
+
+def reconcile_claim_seconds() -> float:
+    """How long a queued reconcile owns its operation's next check: a lookup may take the
+    provider's whole timeout, and the queue may be behind."""
+    return 3 * float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
+
+
+def operations_claim_due_for_reconcile(*, limit: int = 200) -> list[str]:
+    """The sweep's claim: what is due now, each with its next check moved past the claim, so
+    the following sweeps (every few seconds) do not queue it again while its reconcile runs.
+    A reconcile that never runs leaves the claim to run out; the operation is due again."""
     now = timezone.now()
-    expired = (
-        Operation.objects.filter(status=S.IN_PROGRESS, lease_expires_at__lte=now)
-        .order_by("lease_expires_at")
-        .values_list("id", flat=True)[:limit]
-    )
-    due = (
-        Operation.objects.filter(next_reconcile_at__lte=now, status__in=[S.UNKNOWN, S.ACCEPTED])
-        .order_by("next_reconcile_at")
-        .values_list("id", flat=True)[:limit]
-    )
-    return list(dict.fromkeys([*expired, *due]))
+    expired, due = _due(now)
+    with transaction.atomic():
+        # SKIP LOCKED: a reconcile or transition holding the row is already dealing with it.
+        claimed = list(
+            due.select_for_update(skip_locked=True).values_list("id", flat=True)[:limit]
+        )
+        Operation.objects.filter(id__in=claimed, next_reconcile_at__lte=now).update(
+            next_reconcile_at=now + timedelta(seconds=reconcile_claim_seconds())
+        )
+    # An expired lease turns unknown as soon as its reconcile starts, and that transition
+    # claims the next check itself (_expire_lease).
+    return list(dict.fromkeys([*expired.values_list("id", flat=True)[:limit], *claimed]))

@@ -199,3 +199,28 @@ def test_it_links_a_webhook_only_to_one_operation_of_the_provider_that_sent_it(a
     assert not Evidence.objects.filter(operation__in=[first, second], kind="webhook").exists()
     assert set(Operation.objects.filter(id__in=[first.id, second.id])
                .values_list("status", flat=True)) == {S.NOT_STARTED}
+
+
+@pytest.mark.django_db
+def test_it_queues_a_due_reconcile_once_until_its_claim_runs_out(acme, settings):
+    from operations.engine import (
+        operations_claim_due_for_reconcile,
+        operations_due_for_reconcile,
+    )
+    from tests.operations.engine_helpers import make_unknown
+
+    settings.PROVIDER_TIMEOUT_SECONDS = 10
+    op = make_unknown(prepared_payment(acme))
+    Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
+
+    first = operations_claim_due_for_reconcile()
+    again = operations_claim_due_for_reconcile()  # the next sweep, while the lookup runs
+
+    assert first == [op.id] and again == []
+    op.refresh_from_db()
+    assert op.next_reconcile_at > timezone.now() + timedelta(seconds=25)
+    assert op.status == S.UNKNOWN  # a claim moves nothing but the next check
+    # A reconcile that never ran: once the claim runs out, the operation is due again.
+    Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
+    assert operations_due_for_reconcile() == [op.id]
+    assert operations_claim_due_for_reconcile() == [op.id]

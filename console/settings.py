@@ -253,6 +253,16 @@ SANDBOX_ENABLED = DEBUG or os.environ.get("SANDBOX_ENABLED", "").strip().lower()
 SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
     _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000")
 )
+# The sandbox's bank and mail server settle payments and deliver mail this long after they
+# were accepted; its webhooks go to this console.
+SANDBOX_SETTLE_SECONDS = _float_env("SANDBOX_SETTLE_SECONDS", "20")
+SANDBOX_WEBHOOK_TARGET = os.environ.get(
+    "SANDBOX_WEBHOOK_TARGET", f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}"
+)
 if SANDBOX_ENABLED:
     # The adapters reach the sandbox over plain http on loopback; an https redirect breaks them.
     SECURE_REDIRECT_EXEMPT = [r"^sandbox/"]
+    CELERY_BEAT_SCHEDULE["sandbox-tick"] = {
+        "task": "sandbox.tick",
+        "schedule": float(os.environ.get("SANDBOX_TICK_SECONDS", "2")),
+    }

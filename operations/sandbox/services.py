@@ -393,6 +393,31 @@ def sandbox_payment_settle(
     return intent
 
 
+def sandbox_settle_due(*, older_than: timedelta) -> dict[str, int]:
+    """What a bank and a mail server do in their own time: settle `processing` payments as
+    succeeded and deliver `queued` messages, once they are `older_than` (each with its
+    webhook). For `make run`'s demo; tests settle by hand."""
+    cutoff = timezone.now() - older_than
+    settled = delivered = 0
+    for pk in PaymentIntent.objects.filter(status="processing", created_at__lte=cutoff).values_list(
+        "pk", flat=True
+    )[:100]:
+        try:
+            sandbox_payment_settle(payment_intent_id=pk)
+            settled += 1
+        except SandboxStateError:
+            pass  # settled by hand meanwhile
+    for pk in Message.objects.filter(status="queued", created_at__lte=cutoff).values_list(
+        "pk", flat=True
+    )[:100]:
+        try:
+            sandbox_message_deliver(message_id=pk)
+            delivered += 1
+        except SandboxStateError:
+            pass
+    return {"payments_settled": settled, "messages_delivered": delivered}
+
+
 def sandbox_payment_search(
     *, field: str, value: str, lag_seconds: float = 0
 ) -> list[PaymentIntent]:

@@ -23,7 +23,7 @@ from operations.sandbox.services import (
     sandbox_requests,
     sandbox_webhooks_deliver,
 )
-from tests.operations.providers_support import payment
+from tests.operations.providers_support import payment, snapshot
 
 PAYMENTS = adapter_for("payments.create")
 
@@ -214,3 +214,37 @@ def test_it_refuses_overlong_values_with_400_not_500(sandbox):
     )
     assert "Idempotency-Key" in result.error_message
     assert PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_settles_and_tells_the_console_on_the_beat_as_a_bank_would(
+    sandbox, settings, live_server, acme, approver
+):
+    from operations import engine
+    from operations.models import Operation, WebhookEvent
+    from operations.sandbox.models import Message
+    from operations.sandbox.tasks import sandbox_tick
+    from tests.operations.engine_helpers import authorized_payment
+
+    assert settings.CELERY_BEAT_SCHEDULE["sandbox-tick"]["task"] == "sandbox.tick"
+    settings.SANDBOX_WEBHOOK_TARGET = live_server.url
+    settings.SANDBOX_SETTLE_SECONDS = 10
+    op = authorized_payment(acme, approver, amount_minor=150_000_000)  # stays processing
+    engine.operation_execute(operation_id=op.id)
+    mail = adapter_for("mail.send").call(snapshot(
+        "mail.send", {"to": "cfo@acme.test", "template": "invoice_paid", "params": {}}))
+    assert Operation.objects.get(id=op.id).status == "accepted"
+
+    sandbox_tick()  # too early: the bank has not settled yet; the processing event goes out
+    assert Operation.objects.get(id=op.id).status == "accepted"
+    PaymentIntent.objects.update(created_at=timezone.now() - timedelta(seconds=11))
+    Message.objects.update(created_at=timezone.now() - timedelta(seconds=11))
+    sandbox_tick()
+    sandbox_tick()  # twice: nothing more happens
+
+    assert Operation.objects.get(id=op.id).status == "succeeded"
+    assert PaymentIntent.objects.get().status == "succeeded"
+    assert Message.objects.get(pk=mail.external_id).status == "delivered"
+    assert WebhookEvent.objects.filter(event_type="payment_intent.succeeded").count() == 1
+    assert sandbox_counts()["webhooks_undelivered"] == 0
+    assert sandbox_counts()["payment_intents"] == 1

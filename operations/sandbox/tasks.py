@@ -1,0 +1,24 @@
+"""The sandbox providers' own background work, on the beat when the sandbox is enabled."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+
+from operations.sandbox.services import sandbox_settle_due, sandbox_webhooks_deliver
+
+
+@shared_task(name="sandbox.tick", ignore_result=True)
+def sandbox_tick() -> dict[str, int]:
+    """Settle what a bank would have settled by now, then send the providers' pending
+    webhooks to the console, as the real providers would. Safe to run twice: settling and
+    delivery are conditional updates, and the console stores each event once."""
+    counts = sandbox_settle_due(
+        older_than=timedelta(seconds=float(settings.SANDBOX_SETTLE_SECONDS))
+    )
+    counts["webhooks_sent"] = sandbox_webhooks_deliver(
+        target_base_url=settings.SANDBOX_WEBHOOK_TARGET
+    )
+    return counts

@@ -50,6 +50,10 @@ def operation_prepare(
     say which operation it supersedes.
     """
     payload = intent_validate(action=action, payload=payload)
+    limit = Operation._meta.get_field("command_id").max_length
+    if len(command_id) > limit:
+        # The caller's mistake, said as one: not a database error deep in the insert.
+        raise IntentError(f"command id is longer than {limit} characters")
     policy = policy_for(action)
     canonical, payload_hash = intent_canonical(
         action=action, tenant=tenant.slug, payload=payload, policy_version=policy.version

@@ -146,6 +146,10 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
             prepare_args(extra=("--run", "run_missing")),
             "no run 'run_missing'",
         ),
+        (
+            prepare_args(extra=("--command", "c" * 61)),
+            "command id is longer than 60 characters",
+        ),
         (("show", "op_missing"), "no operation 'op_missing'"),
         (("execute", "op_missing"), "no operation 'op_missing'"),
         (("reconcile", "op_missing"), "no operation 'op_missing'"),

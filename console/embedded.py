@@ -206,7 +206,12 @@ def services_up() -> tuple[dict[str, str], list[str]]:
             started.append("postgres")
     if not os.environ.get("REDIS_URL"):
         was_running = _redis_pid() is not None
-        state["redis_url"] = redis_up()
+        try:
+            state["redis_url"] = redis_up()
+        except BaseException:
+            # Do not leave a PostgreSQL this call started running with nothing to stop it.
+            services_down([name for name in started if name == "postgres"])
+            raise
         if not was_running:
             started.append("redis")
     _write_state(state)

@@ -264,5 +264,5 @@ if SANDBOX_ENABLED:
     SECURE_REDIRECT_EXEMPT = [r"^sandbox/"]
     CELERY_BEAT_SCHEDULE["sandbox-tick"] = {
         "task": "sandbox.tick",
-        "schedule": float(os.environ.get("SANDBOX_TICK_SECONDS", "2")),
+        "schedule": float(os.environ.get("SANDBOX_TICK_SECONDS", "5")),
     }

@@ -398,24 +398,28 @@ def sandbox_settle_due(*, older_than: timedelta) -> dict[str, int]:
     succeeded and deliver `queued` messages, once they are `older_than` (each with its
     webhook). For `make run`'s demo; tests settle by hand."""
     cutoff = timezone.now() - older_than
-    settled = delivered = 0
-    for pk in PaymentIntent.objects.filter(status="processing", created_at__lte=cutoff).values_list(
-        "pk", flat=True
-    )[:100]:
-        try:
-            sandbox_payment_settle(payment_intent_id=pk)
-            settled += 1
-        except SandboxStateError:
-            pass  # settled by hand meanwhile
-    for pk in Message.objects.filter(status="queued", created_at__lte=cutoff).values_list(
-        "pk", flat=True
-    )[:100]:
-        try:
-            sandbox_message_deliver(message_id=pk)
-            delivered += 1
-        except SandboxStateError:
-            pass
-    return {"payments_settled": settled, "messages_delivered": delivered}
+
+    def finish(objects: QuerySet, status: str, step) -> int:
+        done = 0
+        for pk in objects.filter(status=status, created_at__lte=cutoff).values_list(
+            "pk", flat=True
+        )[:100]:
+            try:
+                step(pk)
+                done += 1
+            except SandboxStateError:
+                pass  # finished by hand meanwhile
+        return done
+
+    return {
+        "payments_settled": finish(
+            PaymentIntent.objects, "processing",
+            lambda pk: sandbox_payment_settle(payment_intent_id=pk),
+        ),
+        "messages_delivered": finish(
+            Message.objects, "queued", lambda pk: sandbox_message_deliver(message_id=pk)
+        ),
+    }
 
 
 def sandbox_payment_search(

@@ -88,8 +88,11 @@ def _cursor_for(approval: Approval) -> str:
 def _parse_cursor(cursor: str) -> tuple[str, datetime | None, str]:
     segment, _, rest = (cursor or "").partition("|")
     moment, _, last_id = rest.partition("|")
-    when = parse_datetime(moment) if moment else None
-    if segment not in ("p", "d") or when is None or not last_id:
+    try:
+        when = parse_datetime(moment) if moment else None
+    except ValueError:  # well-formed but impossible (February 30th): not ours, start over
+        when = None
+    if segment not in ("p", "d") or when is None or timezone.is_naive(when) or not last_id:
         return "", None, ""
     return segment, when, last_id
 

@@ -79,6 +79,12 @@ def operations_for_user(user, perm: str = "view_tenant"):
     return Operation.objects.filter(tenant_id__in=tenant_ids_for_user(user, perm))
 
 
+RECONCILED_STATUSES = frozenset({
+    OperationStatus.SUCCEEDED, OperationStatus.FAILED, OperationStatus.ACCEPTED,
+    OperationStatus.NOT_STARTED,
+})
+
+
 def dashboard_metrics(user) -> dict:
     """Numbers for the dashboard, over the tenants the user may see."""
     tenant_ids = tenant_ids_for_user(user)
@@ -89,7 +95,8 @@ def dashboard_metrics(user) -> dict:
     unknown = ops.filter(status=OperationStatus.UNKNOWN).aggregate(
         n=Count("id"), oldest=Min("unknown_since")
     )
-    # Time from `unknown` to a known status, recorded on the evidence that settled it.
+    # Time from `unknown` to knowing what happened (an outcome, or proven absence), recorded
+    # on the evidence that settled it. A dispute is a hold, not a finding: not counted.
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -97,8 +104,9 @@ def dashboard_metrics(user) -> dict:
                    percentile_cont(0.95) WITHIN GROUP (ORDER BY (e.data->>'unknown_seconds')::float)
             FROM operations_evidence e JOIN operations_operation o ON o.id = e.operation_id
             WHERE o.tenant_id = ANY(%s) AND e.data ? 'unknown_seconds'
+              AND e.to_status = ANY(%s)
             """,
-            [tenant_ids],
+            [tenant_ids, list(RECONCILED_STATUSES)],
         )
         p50, p95 = cursor.fetchone()
     return {
@@ -112,8 +120,10 @@ def dashboard_metrics(user) -> dict:
         "reconcile_p50": p50,
         "reconcile_p95": p95,
         "version_conflicts": ops.filter(error_code="version_conflict").count(),
+        # Resolutions only: a dispute (also a person's evidence) puts an effect on hold.
         "manual_resolutions": Evidence.objects.filter(
-            operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL
+            operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,
+            to_status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED],
         ).count(),
         "reapprovals": ops.filter(supersedes__isnull=False).count(),
     }

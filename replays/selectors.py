@@ -64,14 +64,21 @@ def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
     a page. One small id read per generation: lineages are a few runs deep."""
     chain: list[str] = []
     parent_id = run.parent_run_id
+    # Within the run's tenant: lineage never shows another tenant's runs.
+    same_tenant = Run.objects.filter(tenant_id=run.tenant_id)
     while parent_id and len(chain) < limit:
+        parent = same_tenant.filter(id=parent_id).values("parent_run_id").first()
+        if parent is None:
+            break
         chain.append(parent_id)
-        parent_id = Run.objects.filter(id=parent_id).values_list("parent_run_id", flat=True).first()
+        parent_id = parent["parent_run_id"]
     return chain
 
 
 def run_children(run: Run) -> list[Run]:
-    return list(run.children.select_related("launched_by").order_by("id"))
+    return list(
+        run.children.filter(tenant_id=run.tenant_id).select_related("launched_by").order_by("id")
+    )
 
 
 def run_checkpoints(run: Run) -> list[Checkpoint]:

@@ -332,3 +332,13 @@ def test_it_tells_an_approver_the_approval_expired_and_records_the_attempt(
         action="approval.approve_refused", object_id=approval.id
     ).exists()
     assert no_execute == []
+
+
+def test_it_starts_over_on_a_cursor_that_is_not_a_real_time(acme, approver, prepare_payment):
+    approval = prepare_payment(acme)
+    client = signed_in(approver)
+    for cursor in ("p|2024-02-30T00:00:00+00:00|x", "p|2024-01-01T25:00:00|x",
+                   "p|2024-01-01T10:00:00|naive", "d|garbage|x"):
+        response = client.get(reverse("approvals:queue"), {"cursor": cursor})
+        assert response.status_code == 200, cursor
+        assert approval.id in response.content.decode()  # the first page

@@ -295,3 +295,29 @@ def test_it_answers_htmx_history_restore_with_the_whole_page(acme, operator):
     assert "<html" in restore.content.decode() and "Operations journal" in restore.content.decode()
     for response in (swap, restore):
         assert "HX-Request" in response["Vary"]
+
+
+@pytest.mark.django_db
+def test_it_measures_reconcile_time_and_resolutions_over_findings_of_visible_tenants(
+    acme, globex, operator, other_tenant_user
+):
+    from operations.engine import operation_dispute, operation_resolve
+
+    resolved = make_unknown(prepared_payment(acme, invoice_id="inv_a"), ago=timedelta(minutes=10))
+    operation_resolve(operation_id=resolved.id, actor=operator, outcome="succeeded",
+                      evidence_text="seen at the bank", reason="treasury checked")
+    held = make_unknown(prepared_payment(acme, invoice_id="inv_b"), ago=timedelta(hours=5))
+    operation_dispute(operation_id=held.id, actor=operator, reason="customer disputes")
+    elsewhere = make_unknown(prepared_payment(globex, invoice_id="inv_g"), ago=timedelta(hours=9))
+    operation_resolve(operation_id=elsewhere.id, actor=other_tenant_user, outcome="failed",
+                      evidence_text="refused", reason="checked")
+    conflict = prepared_payment(acme, invoice_id="inv_c")
+    Operation.objects.filter(id=conflict.id).update(error_code="version_conflict")
+
+    metrics = signed_in(operator).get("/").context["metrics"]
+
+    # Only the acme resolution: the dispute is a hold, globex is not visible.
+    assert 590 < metrics["reconcile_p50"] < 620 and 590 < metrics["reconcile_p95"] < 620
+    assert metrics["manual_resolutions"] == 1
+    assert metrics["version_conflicts"] == 1
+    assert metrics["unknown_count"] == 0 and metrics["total"] == 3

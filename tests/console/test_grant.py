@@ -75,26 +75,31 @@ def test_it_records_the_roles_of_grants_made_before_roles_were_recorded_per_tena
     before, after = [("operations", "0005_unknown_since_constraint")], [
         ("operations", "0006_tenant_role")]
     executor = MigrationExecutor(connection)
-    executor.migrate(before)
-    # Seeded with today's models: none of these tables changes in 0006.
-    from django.contrib.auth.models import Group
-    from guardian.shortcuts import assign_perm
+    executor.migrate(before)  # also unapplies what depends on 0006 (approvals 0002)
+    try:
+        # Seeded with today's models: none of these tables changes in 0006.
+        from django.contrib.auth.models import Group
+        from guardian.shortcuts import assign_perm
 
-    from operations.models import Tenant
+        from operations.models import Tenant
 
-    tenant = Tenant.objects.create(slug="acme", name="Acme")
-    other = Tenant.objects.create(slug="globex", name="Globex")
-    user = UserFactory(username="dana")
-    user.groups.add(Group.objects.create(name="Operator"))
-    for codename in ("view_tenant", "operate_operations", "replay_runs"):
-        assign_perm(f"operations.{codename}", user, tenant)
-    # Only part of a role on the other tenant: not that role.
-    assign_perm("operations.view_tenant", user, other)
+        tenant = Tenant.objects.create(slug="acme", name="Acme")
+        other = Tenant.objects.create(slug="globex", name="Globex")
+        user = UserFactory(username="dana")
+        user.groups.add(Group.objects.create(name="Operator"))
+        for codename in ("view_tenant", "operate_operations", "replay_runs"):
+            assign_perm(f"operations.{codename}", user, tenant)
+        # Only part of a role on the other tenant: not that role.
+        assign_perm("operations.view_tenant", user, other)
 
-    executor.loader.build_graph()
-    executor.migrate(after)
+        executor.loader.build_graph()
+        executor.migrate(after)
 
-    new = executor.loader.project_state(after).apps
-    roles = new.get_model("operations", "TenantRole").objects.values_list(
-        "user__username", "tenant__slug", "role")
-    assert list(roles) == [("dana", "acme", "Operator")]
+        new = executor.loader.project_state(after).apps
+        roles = new.get_model("operations", "TenantRole").objects.values_list(
+            "user__username", "tenant__slug", "role")
+        assert list(roles) == [("dana", "acme", "Operator")]
+    finally:
+        # Every app back at its newest migration, for the tests that run after this one.
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())

@@ -155,8 +155,13 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "console")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    # acks_late tasks that a dead worker held come back after this many seconds.
+    # acks_late tasks that a dead worker held come back after this many seconds, at the
+    # next restore sweep: kombu sweeps every interval times throttle seconds (100 s by its
+    # defaults, 10 s here). The engine's own sweep recovers the operation sooner anyway
+    # (expired leases); the redelivery only finds nothing left to do.
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "300")),
+    "unacked_restore_interval": int(os.environ.get("CELERY_UNACKED_RESTORE_SECONDS", "10")),
+    "unacked_restore_throttle": 1,
 }
 # Celery's Django fixup closes every database connection before and after each task unless
 # this is set, so each execute paid a new PostgreSQL connection (backend start, auth, session

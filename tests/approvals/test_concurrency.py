@@ -55,32 +55,37 @@ def test_it_locks_the_operation_before_the_approval_as_a_supersede_does(
 ):
     """A decision and a changed intent's supersede must take the two rows in one order, or
     each could hold what the other waits for (PostgreSQL would then kill one of them)."""
-    import time
-
     from django.db import DatabaseError, transaction
 
-    from tests.helpers import Background
+    from tests.helpers import Background, wait_for
 
     approval = prepare_payment(acme)
-    holding = threading.Event()
+    holding, release = threading.Event(), threading.Event()
 
     def hold_the_operation() -> None:  # as prepare does while it supersedes this intent
         with transaction.atomic():
             Operation.objects.select_for_update().get(id=approval.operation_id)
             holding.set()
-            time.sleep(1.5)
+            release.wait(timeout=20)
 
     holder = Background(hold_the_operation)
-    holding.wait(timeout=10)
+    assert holding.wait(timeout=10)
     decision = Background(lambda: approval_approve(approval_id=approval.id, actor=approver))
-    time.sleep(0.5)  # the decision is now waiting for its first lock
 
+    def decision_waits() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return cursor.fetchone()[0] > 0
+
+    wait_for(decision_waits, what="the decision to wait for a lock")
     # It waits on the operation, so the approval is still free for the supersede to take.
     try:
         with transaction.atomic():
             Approval.objects.select_for_update(nowait=True).get(id=approval.id)
     except DatabaseError:
         pytest.fail("the decision locked the approval before the operation")
+    finally:
+        release.set()
     holder.join()
     assert decision.join().status == ApprovalStatus.APPROVED
     assert no_execute == [approval.operation_id]

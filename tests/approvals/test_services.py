@@ -268,7 +268,34 @@ def test_it_schedules_the_expiry_sweep_every_30_seconds(settings):
     assert "approvals.expire_overdue" in app.tasks
 
 
-def test_it_lets_a_second_approver_see_a_stranger_refused(acme, prepare_payment):
+def test_it_refuses_a_stranger_and_records_the_attempt(acme, prepare_payment, no_execute):
     approval = prepare_payment(acme)
-    with pytest.raises(ApprovalRefused):
+    with pytest.raises(ApprovalRefused, match="the approver role on that tenant is needed"):
         approval_approve(approval_id=approval.id, actor=UserFactory(username="nobody"))
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    (event,) = _audits("approval.approve_refused", approval)
+    assert event.actor_username == "nobody" and event.after["refusal"] == "other_tenant"
+    assert not Operation.objects.get(id=approval.operation_id).authorized_hash
+    assert no_execute == []
+
+
+def test_it_enqueues_execution_only_when_the_approval_commits(
+    acme, approver, prepare_payment, django_capture_on_commit_callbacks, monkeypatch
+):
+    from operations import tasks
+
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.execute_operation, "delay", sent.append)
+    approval = prepare_payment(acme)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        approval_approve(approval_id=approval.id, actor=approver)
+        assert sent == []  # nothing reaches the broker inside the transaction
+    with django_capture_on_commit_callbacks() as refused_callbacks, pytest.raises(
+        ApprovalRefused
+    ):
+        approval_approve(approval_id=approval.id, actor=approver)
+
+    assert len(callbacks) == 1 and refused_callbacks == []
+    callbacks[0]()
+    assert sent == [approval.operation_id]

@@ -271,9 +271,9 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
     assert not sandbox_writes(provider="payments").exists()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
-    acme_unknown, operator, approver
+    acme_unknown, operator, approver, sandbox
 ):
     op = operation_dispute(operation_id=acme_unknown.id, actor=operator, reason="hold")
     response = signed_in(approver).post(f"/operations/{op.id}/resolve", RESOLVE)

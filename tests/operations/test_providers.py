@@ -99,13 +99,13 @@ def test_it_is_unknown_when_the_same_key_comes_with_other_params(sandbox):
 
 
 def test_it_is_unknown_after_commit_then_drop_yet_one_payment_exists_and_is_found(sandbox):
-    sandbox_fault_set(provider="payments", kind="commit_then_drop", seconds=1.5)
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", seconds=4)
     op = payment()
 
     started = time.monotonic()
     result = PAYMENTS.call(op)
 
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 3  # our 1 s timeout, not the provider's 4 s stall
     assert result.outcome is CallOutcome.UNKNOWN
     assert result.error_class == "timeout"
     assert result.external_id == "" and result.http_status is None
@@ -154,7 +154,8 @@ def test_it_is_unknown_on_connection_refused(settings):
 
 def test_it_is_inconclusive_inside_the_search_lag_then_found(sandbox, settings):
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 1.5
-    sandbox_fault_set(provider="payments", kind="search_lag", seconds=1.5)
+    # The provider's index trails by less than the engine allows for, as it must in real life.
+    sandbox_fault_set(provider="payments", kind="search_lag", seconds=1.0)
     op = payment()
     called_at = timezone.now()
     created = PAYMENTS.call(op)

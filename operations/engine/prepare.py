@@ -60,10 +60,15 @@ def operation_prepare(
     )
     with transaction.atomic():
         if run is not None and command_id:
+            # The run's row is the lock for its commands: two workers resuming the same node
+            # at once would otherwise both find no operation for it and both insert one.
+            Run.objects.select_for_update().filter(id=run.id).values_list("id").first()
+            # The command's current intent, cancelled ones included: a rejected intent
+            # prepared again unchanged stays what it is (rejected), never a fresh request.
             live = (
-                Operation.objects.select_for_update(of=("self",))
-                .filter(run=run, command_id=command_id, superseded_by__isnull=True)
-                .exclude(status=S.CANCELLED)
+                Operation.objects.filter(
+                    run=run, command_id=command_id, superseded_by__isnull=True
+                )
                 .order_by("-id")
                 .first()
             )
@@ -74,10 +79,19 @@ def operation_prepare(
                     f"command {command_id} of {run.id} already has intent {live.id} with "
                     "another payload; a changed intent must supersede it"
                 )
+            if live is not None and supersedes.id != live.id:
+                raise IntentError(
+                    f"command {command_id} of {run.id} is at intent {live.id}; a changed "
+                    f"intent supersedes that one, not {supersedes.id}"
+                )
         if supersedes is not None:
             supersedes = Operation.objects.select_for_update().get(id=supersedes.id)
             if supersedes.tenant_id != tenant.id or supersedes.action != action:
                 raise IntentError("a superseding intent keeps the tenant and the action")
+            if (run is not None and supersedes.run_id != run.id) or (
+                command_id and supersedes.command_id != command_id
+            ):
+                raise IntentError("a superseding intent keeps the run and the command")
             if hasattr(supersedes, "superseded_by"):
                 raise IntentError(f"{supersedes.id} is already superseded")
             if supersedes.status not in (S.NOT_STARTED, S.FAILED, S.CANCELLED):

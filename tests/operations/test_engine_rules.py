@@ -62,6 +62,62 @@ def test_it_returns_the_same_operation_when_a_resumed_node_prepares_again(acme, 
                           command_id="cmd_pay_03")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_records_one_intent_when_two_workers_resume_the_same_node_at_once(acme, run):
+    from tests.helpers import Background
+
+    barrier = threading.Barrier(2)
+
+    def resume():
+        barrier.wait(timeout=10)
+        return operation_prepare(tenant=acme, action="mail.send", run=run, command_id="cmd_1",
+                                 payload={"to": "cfo@acme.test", "template": "receipt",
+                                          "params": {}})
+
+    first, second = Background(resume), Background(resume)
+
+    assert first.join().id == second.join().id
+    assert Operation.objects.filter(run=run, command_id="cmd_1").count() == 1
+
+
+@pytest.mark.django_db
+def test_it_returns_a_rejected_intent_as_it_is_when_a_resumed_node_prepares_it_again(
+    acme, run, operator
+):
+    from operations.engine import operation_cancel
+
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                           command_id="cmd_pay_07")
+    assert operation_cancel(operation_id=op.id, actor=operator, reason="rejected: wrong vendor")
+
+    again = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                              command_id="cmd_pay_07")
+
+    assert again.id == op.id and again.status == S.CANCELLED
+    assert Operation.objects.filter(run=run, command_id="cmd_pay_07").count() == 1
+
+
+@pytest.mark.django_db
+def test_it_supersedes_only_the_commands_current_intent(acme, run):
+    first = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                              command_id="cmd_pay_08")
+    second = operation_prepare(tenant=acme, action="payments.create", run=run,
+                               command_id="cmd_pay_08", supersedes=first,
+                               payload={**PAYMENT, "amount_minor": 1_300_000})
+    other = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                              command_id="cmd_pay_09")
+
+    with pytest.raises(IntentError, match=f"is at intent {second.id}"):
+        operation_prepare(tenant=acme, action="payments.create", run=run,
+                          command_id="cmd_pay_08", supersedes=other,
+                          payload={**PAYMENT, "amount_minor": 1_400_000})
+    with pytest.raises(IntentError, match="keeps the run and the command"):
+        operation_prepare(tenant=acme, action="payments.create", run=run,
+                          command_id="cmd_pay_10", supersedes=other,
+                          payload={**PAYMENT, "amount_minor": 1_400_000})
+    assert Operation.objects.filter(run=run).count() == 3
+
+
 @pytest.mark.django_db
 def test_it_makes_a_changed_intent_a_new_operation_that_supersedes_the_old(acme, run):
     old = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,

@@ -74,9 +74,10 @@ _EXPONENT = {
     "TND": 3,
 }
 
-# Names that only ever hold secrets or card data.
+# Names that only ever hold secrets or card data, as the last word of a field name
+# (`client_secret`, `apiKey`, `card-number`), never inside a word (`timespan`).
 _SECRET_NAMES = re.compile(
-    r"(password|passwd|secret|token|api[_-]?key|card[_-]?number|pan|cvv|cvc|iban_full)$", re.I
+    r"(?:^|_)(password|passwd|secret|token|api_?key|card_?number|pan|cvv|cvc|iban_full)$"
 )
 _SECRET_VALUES = (
     (re.compile(r"\b(sk|rk)_(live|test)_[0-9A-Za-z]{8,}"), "an API secret key"),
@@ -88,7 +89,11 @@ _SECRET_VALUES = (
     (re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}"), "an access token"),
     (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "a cloud access key"),
 )
-_CARD_CANDIDATE = re.compile(r"(?<!\d)(?:\d[ -]?){13,19}(?!\d)")
+# Digits in groups, as people write them: "4111 1111 1111 1111", "4111-1111-…", "4111.1111…".
+_DIGIT_GROUPS = re.compile(r"\d+(?:[ .\-]\d+)*")
+_GROUP_SEPARATOR = re.compile(r"[ .\-]")
+# JSON's safe integers: beyond them a number is not the same number everywhere (RFC 8785).
+_MAX_SAFE_INTEGER = 2**53 - 1
 
 
 def _luhn_ok(digits: str) -> bool:
@@ -103,29 +108,56 @@ def _luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
+def _field_words(name: str) -> str:
+    """`userPassword`, `user-password`, `user.password` → `user_password`."""
+    return re.sub(r"[^a-z0-9]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower())
+
+
+def _holds_card_number(text: str) -> bool:
+    """A Luhn-valid 13 to 19 digit number made of whole digit groups anywhere in the text: the
+    card in "paid 2024 4111 1111 1111 1111" is found though a year stands before it."""
+    for match in _DIGIT_GROUPS.finditer(text):
+        groups = _GROUP_SEPARATOR.split(match.group())
+        for start in range(len(groups)):
+            digits = ""
+            for group in groups[start:]:
+                digits += group
+                if len(digits) > 19:
+                    break
+                if len(digits) >= 13 and _luhn_ok(digits):
+                    return True
+    return False
+
+
 def _refuse_secrets(value: Any, path: str) -> None:
     if isinstance(value, Mapping):
         for key, inner in value.items():
-            if _SECRET_NAMES.search(str(key)):
+            if _SECRET_NAMES.search(_field_words(str(key))):
                 raise IntentError(f"{path}.{key}: a field named like a secret is not allowed")
             _refuse_secrets(inner, f"{path}.{key}")
     elif isinstance(value, list):
         for i, inner in enumerate(value):
             _refuse_secrets(inner, f"{path}[{i}]")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if _holds_card_number(str(abs(value))):
+            raise IntentError(
+                f"{path}: looks like a full card number; intents carry references, "
+                "never card data"
+            )
     elif isinstance(value, str):
-        for match in _CARD_CANDIDATE.finditer(value):
-            digits = re.sub(r"\D", "", match.group())
-            if 13 <= len(digits) <= 19 and _luhn_ok(digits):
-                raise IntentError(
-                    f"{path}: looks like a full card number; intents carry references, "
-                    "never card data"
-                )
+        if _holds_card_number(value):
+            raise IntentError(
+                f"{path}: looks like a full card number; intents carry references, "
+                "never card data"
+            )
         for pattern, what in _SECRET_VALUES:
             if pattern.search(value):
                 raise IntentError(f"{path}: looks like {what}; secrets never enter the journal")
 
 
 def _plain_json(value: Any, path: str) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SAFE_INTEGER:
+        raise IntentError(f"{path}: integers must be within ±{_MAX_SAFE_INTEGER}")
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return
     if isinstance(value, float):

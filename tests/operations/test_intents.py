@@ -60,6 +60,11 @@ def test_it_binds_the_policy_version_into_the_hash():
         ({**PAYMENT, "beneficiary_id": "4111 1111 1111 1111"}, "card number"),
         ({**PAYMENT, "invoice_id": "inv for 4242424242424242"}, "card number"),
         ({**PAYMENT, "invoice_id": "sk_live_abcdefgh12345678"}, "secret key"),
+        # A card after another number, or written with dots, is still a card.
+        ({**PAYMENT, "invoice_id": "paid 2024 4111 1111 1111 1111"}, "card number"),
+        ({**PAYMENT, "invoice_id": "order 12345 4111 1111 1111 1111"}, "card number"),
+        ({**PAYMENT, "invoice_id": "4111.1111.1111.1111"}, "card number"),
+        ({**PAYMENT, "amount_minor": 2**53}, "integers must be within"),
     ],
 )
 def test_it_refuses_a_bad_payment_intent_with_a_clear_error(payload, message):
@@ -86,6 +91,25 @@ def test_it_refuses_a_deal_change_the_crm_could_not_apply(patch, message):
     with pytest.raises(IntentError, match=message):
         intent_validate(action="crm.update_deal", payload={**DEAL_CHANGE, "patch": patch})
     intent_validate(action="crm.update_deal", payload=DEAL_CHANGE)
+
+
+@pytest.mark.parametrize(
+    ("params", "refused"),
+    [
+        ({"ref": 4111111111111111}, True),  # a card as a number
+        ({"clientSecret": "x"}, True),
+        ({"user-password": "x"}, True),
+        ({"timespan": "3 days"}, False),  # ends like "pan", is not one
+        ({"tokenizer": "x"}, False),
+    ],
+)
+def test_it_tells_secret_fields_from_words_that_end_alike(params, refused):
+    payload = {"to": "anna@example.com", "template": "offer", "params": params}
+    if refused:
+        with pytest.raises(IntentError):
+            intent_validate(action="mail.send", payload=payload)
+    else:
+        intent_validate(action="mail.send", payload=payload)
 
 
 def test_it_refuses_secrets_nested_in_mail_params():

@@ -17,30 +17,46 @@ ROLE_PERMISSIONS = {
 
 
 def tenant_roles_from_grants(apps, schema_editor):
-    """Grants made before roles were recorded per tenant: a user in a role's group who holds
-    all of that role's permissions on a tenant holds that role there."""
+    """Roles granted before they were recorded per tenant, replayed from the audit trail
+    (every grant went through role_grant, which audits it; revokes too). A replayed role
+    is recorded only where the user still holds all of its permissions on that tenant."""
+    AuditEvent = apps.get_model("operations", "AuditEvent")
     TenantRole = apps.get_model("operations", "TenantRole")
     UserObjectPermission = apps.get_model("guardian", "UserObjectPermission")
     ContentType = apps.get_model("contenttypes", "ContentType")
-    tenant_type = ContentType.objects.filter(app_label="operations", model="tenant").first()
-    if tenant_type is None:
-        return
-    held: dict[tuple[int, str], set[str]] = {}
-    for user_id, object_pk, codename in UserObjectPermission.objects.filter(
-        content_type=tenant_type
-    ).values_list("user_id", "object_pk", "permission__codename"):
-        held.setdefault((user_id, object_pk), set()).add(codename)
     User = apps.get_model(*settings.AUTH_USER_MODEL.split("."))
-    groups = {
-        user.pk: {group.name for group in user.groups.all()}
-        for user in User.objects.filter(pk__in={user_id for user_id, _ in held})
-    }
+    held: set[tuple[str, int, str]] = set()
+    for action, tenant_id, username, before, after in (
+        AuditEvent.objects.filter(
+            action__in=["role.grant", "role.revoke"], object_type="user", tenant__isnull=False
+        )
+        .order_by("id")
+        .values_list("action", "tenant_id", "object_id", "before", "after")
+    ):
+        role = ((after if action == "role.grant" else before) or {}).get("role")
+        if role not in ROLE_PERMISSIONS:
+            continue
+        if action == "role.grant":
+            held.add((username, tenant_id, role))
+        else:
+            held.discard((username, tenant_id, role))
+    tenant_type = ContentType.objects.filter(app_label="operations", model="tenant").first()
+    if not held or tenant_type is None:
+        return
+    users = dict(
+        User.objects.filter(username__in={u for u, _, _ in held}).values_list("username", "pk")
+    )
+    granted: dict[tuple[int, str], set[str]] = {}
+    for user_id, object_pk, codename in UserObjectPermission.objects.filter(
+        content_type=tenant_type, user_id__in=users.values()
+    ).values_list("user_id", "object_pk", "permission__codename"):
+        granted.setdefault((user_id, object_pk), set()).add(codename)
     TenantRole.objects.bulk_create(
         [
-            TenantRole(user_id=user_id, tenant_id=int(object_pk), role=role)
-            for (user_id, object_pk), codenames in held.items()
-            for role, needed in ROLE_PERMISSIONS.items()
-            if role in groups.get(user_id, set()) and needed <= codenames
+            TenantRole(user_id=users[username], tenant_id=tenant_id, role=role)
+            for username, tenant_id, role in held
+            if username in users
+            and ROLE_PERMISSIONS[role] <= granted.get((users[username], str(tenant_id)), set())
         ],
         ignore_conflicts=True,
     )

@@ -4,6 +4,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from operations.models import AuditEvent, TenantRole
+from operations.services import audit_event_record
 from tests.factories import UserFactory
 
 
@@ -68,7 +69,7 @@ def test_it_revokes_one_role_and_keeps_what_another_role_on_the_tenant_gives(acm
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_records_the_roles_of_grants_made_before_roles_were_recorded_per_tenant():
+def test_it_replays_the_audited_grants_made_before_roles_were_recorded_per_tenant():
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
@@ -78,7 +79,6 @@ def test_it_records_the_roles_of_grants_made_before_roles_were_recorded_per_tena
     executor.migrate(before)  # also unapplies what depends on 0006 (approvals 0002)
     try:
         # Seeded with today's models: none of these tables changes in 0006.
-        from django.contrib.auth.models import Group
         from guardian.shortcuts import assign_perm
 
         from operations.models import Tenant
@@ -86,11 +86,18 @@ def test_it_records_the_roles_of_grants_made_before_roles_were_recorded_per_tena
         tenant = Tenant.objects.create(slug="acme", name="Acme")
         other = Tenant.objects.create(slug="globex", name="Globex")
         user = UserFactory(username="dana")
-        user.groups.add(Group.objects.create(name="Operator"))
-        for codename in ("view_tenant", "operate_operations", "replay_runs"):
-            assign_perm(f"operations.{codename}", user, tenant)
-        # Only part of a role on the other tenant: not that role.
-        assign_perm("operations.view_tenant", user, other)
+
+        def granted(role: str, on: Tenant, codenames: tuple[str, ...]) -> None:
+            for codename in codenames:
+                assign_perm(f"operations.{codename}", user, on)
+            audit_event_record(actor=None, action="role.grant", tenant=on, object_type="user",
+                               object_id="dana", after={"role": role})
+
+        granted("Operator", tenant, ("view_tenant", "operate_operations", "replay_runs"))
+        granted("Admin", other, ("view_tenant",))  # its permissions were taken away since
+        granted("Auditor", tenant, ("view_audit", "export_audit"))
+        audit_event_record(actor=None, action="role.revoke", tenant=tenant, object_type="user",
+                           object_id="dana", before={"role": "Auditor"})
 
         executor.loader.build_graph()
         executor.migrate(after)

@@ -4,6 +4,18 @@ from django.conf import settings
 from django.db import migrations, models
 
 
+def refuse_going_back_over_successorless_supersedes(apps, schema_editor):
+    """The old constraint wants a successor on every superseded approval; those superseded
+    by an intent that needed no approval have none, and no truthful one can be made up."""
+    Approval = apps.get_model("approvals", "Approval")
+    orphans = Approval.objects.filter(status="superseded", superseded_by__isnull=True).count()
+    if orphans:
+        raise RuntimeError(
+            f"cannot unapply approvals 0002: {orphans} superseded approval(s) have no "
+            "successor approval (their new intent needed none), which 0001 cannot hold"
+        )
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -20,5 +32,9 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='approval',
             constraint=models.CheckConstraint(condition=models.Q(('status', 'superseded'), ('superseded_by__isnull', True), _connector='OR'), name='approval_successor_only_if_superseded'),
+        ),
+        # Last, so that going back checks first and says why instead of a bare IntegrityError.
+        migrations.RunPython(
+            migrations.RunPython.noop, refuse_going_back_over_successorless_supersedes
         ),
     ]

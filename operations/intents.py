@@ -12,6 +12,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import rfc8785
@@ -261,6 +262,11 @@ def idempotency_key_for(*, operation_id: str, action: str, run_id: str, command_
 
 
 # --- what a person sees ---------------------------------------------------------------
+
+
+def major_units(amount_minor: int, currency: str) -> Decimal:
+    """An amount in the currency's own units (ISO 4217 exponent): 1250000 KZT → 12500."""
+    return Decimal(amount_minor).scaleb(-_EXPONENT.get(currency.upper(), 2))
 
 
 def money_format(amount_minor: int, currency: str) -> str:

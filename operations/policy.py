@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from operations.intents import major_units
 from operations.models import Action
 
 
@@ -32,10 +33,14 @@ POLICIES: dict[str, Policy] = {
         rule="every payment needs a person's approval",
     ),
     Action.CRM_CREATE_DEAL: Policy(
-        version="crm-v2",
+        # v3: the threshold is in the deal's own currency units (v2 compared minor units,
+        # so 50,000 JPY and 5,000 KWD counted alike as "50,000.00").
+        version="crm-v3",
         approval_ttl=timedelta(hours=24),
-        requires_approval=lambda payload: payload.get("amount_minor", 0) >= 5_000_000,
-        rule="deals worth 50,000.00 or more need approval",
+        requires_approval=lambda payload: major_units(
+            payload.get("amount_minor", 0), payload.get("currency", "")
+        ) >= 50_000,
+        rule="deals worth 50,000 or more in their currency need approval",
     ),
     Action.CRM_UPDATE_DEAL: Policy(
         version="crm-v2",

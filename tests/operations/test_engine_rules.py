@@ -280,3 +280,26 @@ def test_it_queues_a_due_reconcile_once_until_its_claim_runs_out(acme, settings)
     Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
     assert operations_due_for_reconcile() == [op.id]
     assert operations_claim_due_for_reconcile() == [op.id]
+
+
+@pytest.mark.parametrize(
+    ("amount_minor", "currency", "needs_approval"),
+    [
+        (5_000_000, "EUR", True),  # 50,000.00 EUR
+        (4_999_999, "EUR", False),
+        (50_000, "JPY", True),  # 50,000 JPY: no minor unit
+        (4_999_999, "JPY", True),  # was "under 50,000.00" when minor units were compared
+        (49_999_999, "KWD", False),  # 49,999.999 KWD: three decimals
+        (50_000_000, "KWD", True),
+    ],
+)
+def test_it_sets_the_deal_threshold_in_the_deals_own_currency(
+    amount_minor, currency, needs_approval
+):
+    from operations.policy import policy_for
+
+    policy = policy_for("crm.create_deal")
+    payload = {"name": "Deal", "amount_minor": amount_minor, "currency": currency,
+               "owner": "dana"}
+    assert policy.requires_approval(payload) is needs_approval
+    assert policy.version == "crm-v3"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
@@ -12,6 +13,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@app.on_after_configure.connect
+def _beat_schedule_folder(sender, **kwargs) -> None:
+    """beat keeps its schedule in a file whose folder (var/ by default) a fresh deployment
+    does not have; shelve would not create it."""
+    try:
+        Path(sender.conf.beat_schedule_filename).parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # read-only: beat then names the file it cannot open
 
 
 @task_prerun.connect

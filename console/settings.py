@@ -115,6 +115,8 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
 SECURE_SSL_REDIRECT = not DEBUG and os.environ.get("SECURE_SSL_REDIRECT", "1") != "0"
+# Load balancers and orchestrators probe health over plain http.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SECURE_HSTS_SECONDS = 0 if DEBUG else int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = False
@@ -170,7 +172,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, never reuse one left in a
 # transaction or after an error), the same rule the web processes follow.
 CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get(
+    "CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule")
+)
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "sweep-operations": {
         "task": "operations.sweep_operations",
@@ -264,9 +268,21 @@ SANDBOX_SETTLE_SECONDS = _float_env("SANDBOX_SETTLE_SECONDS", "20")
 SANDBOX_WEBHOOK_TARGET = os.environ.get(
     "SANDBOX_WEBHOOK_TARGET", f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}"
 )
+for _name, _base in (("PAYMENTS_API_BASE", PAYMENTS_API_BASE), ("CRM_API_BASE", CRM_API_BASE),
+                     ("MAIL_API_BASE", MAIL_API_BASE)):
+    if "/sandbox/" in _base and not SANDBOX_ENABLED:
+        # Every effect would fail against a sandbox that is not served: say so at start.
+        raise ConfigError(
+            f"{_name} points at the sandbox ({_base}), which is off with DEBUG off: set "
+            f"{_name} to the provider, or SANDBOX_ENABLED=1 for a demo deployment"
+        )
 if SANDBOX_ENABLED:
-    # The adapters reach the sandbox over plain http on loopback; an https redirect breaks them.
-    SECURE_REDIRECT_EXEMPT = [r"^sandbox/"]
+    # The worker reaches the sandbox, and the sandbox this console's webhooks, over plain
+    # http on loopback: no https redirect there, and loopback is an allowed host.
+    SECURE_REDIRECT_EXEMPT += [r"^sandbox/", r"^webhooks/"]
+    ALLOWED_HOSTS = [
+        *ALLOWED_HOSTS, *(host for host in ("127.0.0.1", "localhost") if host not in ALLOWED_HOSTS)
+    ]
     CELERY_BEAT_SCHEDULE["sandbox-tick"] = {
         "task": "sandbox.tick",
         "schedule": float(os.environ.get("SANDBOX_TICK_SECONDS", "5")),

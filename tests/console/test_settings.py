@@ -41,6 +41,9 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
          "PAYMENTS_WEBHOOK_SECRET"),
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "CRM_API_BASE": "https://crm.example.com/api"}, "CRM_API_KEY"),
+        # The default providers are the sandbox, which is not served with DEBUG off.
+        ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com"},
+         "PAYMENTS_API_BASE"),
     ],
 )
 def test_it_fails_at_start_with_one_line_naming_the_variable(overrides, variable):
@@ -51,12 +54,41 @@ def test_it_fails_at_start_with_one_line_naming_the_variable(overrides, variable
     assert result.stderr.strip().count("\n") == 0
 
 
+PROVIDERS = {
+    "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x",
+    "PAYMENTS_WEBHOOK_SECRET": "whsec_live_x",
+    "CRM_API_BASE": "https://crm.example.com/api", "CRM_API_KEY": "crm_live",
+    "CRM_WEBHOOK_SECRET": "crm_whsec", "MAIL_API_BASE": "https://mail.example.com/api",
+    "MAIL_API_KEY": "mail_live", "MAIL_WEBHOOK_SECRET": "mail_whsec",
+}
+
+
+def test_it_starts_a_demo_deployment_whose_sandbox_reaches_itself_over_loopback():
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import "
+         "settings as s; print(s.ALLOWED_HOSTS, s.SECURE_REDIRECT_EXEMPT, "
+         "'sandbox-tick' in s.CELERY_BEAT_SCHEDULE)"],
+        cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
+        env={**{k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}},
+             "DJANGO_SETTINGS_MODULE": "console.settings",
+             "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/console",
+             "REDIS_URL": "redis://127.0.0.1:6379/0", "DEBUG": "0", "SECRET_KEY": "k" * 60,
+             "ALLOWED_HOSTS": "demo.example.com", "SANDBOX_ENABLED": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "['demo.example.com', '127.0.0.1', 'localhost'] "
+        "['^healthz$', '^sandbox/', '^webhooks/'] True"
+    )
+
+
 def test_it_passes_check_deploy_with_production_values():
     env = {
         "DEBUG": "0",
         "SECRET_KEY": "x7" * 30 + "-production-secret",
         "ALLOWED_HOSTS": "console.example.com",
         "CSRF_TRUSTED_ORIGINS": "https://console.example.com",
+        **PROVIDERS,
     }
     result = run_check(**env)
     assert result.returncode == 0, result.stderr
@@ -69,3 +101,18 @@ def test_it_passes_check_deploy_with_production_values():
     )
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     assert "no issues" in deploy.stdout
+
+
+def test_it_creates_the_folder_of_beats_schedule_file(tmp_path):
+    schedule = tmp_path / "fresh" / "var" / "celerybeat-schedule"
+    result = subprocess.run(
+        [sys.executable, "-c", "from console.celery import app; "
+         "print(app.conf.beat_schedule_filename)"],
+        cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DEBUG": "1", "CELERY_BEAT_SCHEDULE_FILENAME": str(schedule),
+             "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/console",
+             "REDIS_URL": "redis://127.0.0.1:6379/0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(schedule)
+    assert schedule.parent.is_dir()

@@ -89,14 +89,18 @@ def main() -> int:
             "beat", [python, "-m", "celery", "-A", "console", "beat", "--loglevel", "INFO"]
         )
         _say(f"console on http://127.0.0.1:{port}/ — Ctrl-C stops everything")
+        failed = 0
         while not stopping:
             for name, proc in children.items():
                 if proc.poll() is not None:
                     _say(f"{name} exited with {proc.returncode}; stopping the rest")
+                    # A process that died on its own (port taken, bad config) is a failure
+                    # make should report; Ctrl-C, which sets `stopping`, is not.
+                    failed = proc.returncode or 1
                     stopping = True
                     break
             time.sleep(0.5)
-        return 0
+        return failed
     except subprocess.CalledProcessError as exc:
         _say(f"setup step failed: {' '.join(map(str, exc.cmd))}")
         return exc.returncode or 1

@@ -11,6 +11,24 @@ from console.env import BASE_DIR, VAR_DIR, ConfigError, read_config
 
 CONFIG = read_config(os.environ)
 
+
+def _float_env(name: str, default: str) -> float:
+    # Same rule as env.py: a bad value stops the start with one line naming the variable.
+    raw = os.environ.get(name, default)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+
+
+def _int_env(name: str, default: str) -> int:
+    raw = os.environ.get(name, default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
 DEBUG = CONFIG.debug
 SECRET_KEY = CONFIG.secret_key
 ALLOWED_HOSTS = CONFIG.allowed_hosts
@@ -117,7 +135,7 @@ CSRF_COOKIE_SECURE = not DEBUG
 SECURE_SSL_REDIRECT = not DEBUG and os.environ.get("SECURE_SSL_REDIRECT", "1") != "0"
 # Load balancers and orchestrators probe health over plain http.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
-SECURE_HSTS_SECONDS = 0 if DEBUG else int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
+SECURE_HSTS_SECONDS = 0 if DEBUG else _int_env("SECURE_HSTS_SECONDS", "31536000")
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -161,8 +179,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # next restore sweep: kombu sweeps every interval times throttle seconds (100 s by its
     # defaults, 10 s here). The engine's own sweep recovers the operation sooner anyway
     # (expired leases); the redelivery only finds nothing left to do.
-    "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "300")),
-    "unacked_restore_interval": int(os.environ.get("CELERY_UNACKED_RESTORE_SECONDS", "10")),
+    "visibility_timeout": _int_env("CELERY_VISIBILITY_TIMEOUT", "300"),
+    "unacked_restore_interval": _int_env("CELERY_UNACKED_RESTORE_SECONDS", "10"),
     "unacked_restore_throttle": 1,
 }
 # Celery's Django fixup closes every database connection before and after each task unless
@@ -171,14 +189,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # task_postrun handlers in console/celery.py apply Django's own per-request rule in between
 # (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, never reuse one left in a
 # transaction or after an error), the same rule the web processes follow.
-CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
+CELERY_DB_REUSE_MAX = _int_env("CELERY_DB_REUSE_MAX", "1000")
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get(
     "CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule")
 )
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "sweep-operations": {
         "task": "operations.sweep_operations",
-        "schedule": float(os.environ.get("OPERATION_SWEEP_SECONDS", "5")),
+        "schedule": _float_env("OPERATION_SWEEP_SECONDS", "5"),
     },
     "expire-approvals": {
         "task": "approvals.expire_overdue",
@@ -188,12 +206,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 
 # The engine's timing. A lease must outlast the provider timeout, or a slow answer would be
 # taken for a dead worker.
-OPERATION_LEASE_SECONDS = int(os.environ.get("OPERATION_LEASE_SECONDS", "30"))
-RECONCILE_DELAY_SECONDS = int(os.environ.get("RECONCILE_DELAY_SECONDS", "5"))
-ACCEPTED_RECONCILE_SECONDS = int(os.environ.get("ACCEPTED_RECONCILE_SECONDS", "120"))
+OPERATION_LEASE_SECONDS = _int_env("OPERATION_LEASE_SECONDS", "30")
+RECONCILE_DELAY_SECONDS = _int_env("RECONCILE_DELAY_SECONDS", "5")
+ACCEPTED_RECONCILE_SECONDS = _int_env("ACCEPTED_RECONCILE_SECONDS", "120")
 # Calls the engine makes on its own for one operation (each after a lookup proved the last
 # one left nothing); past that, a person decides.
-OPERATION_MAX_AUTOMATIC_CALLS = int(os.environ.get("OPERATION_MAX_AUTOMATIC_CALLS", "5"))
+OPERATION_MAX_AUTOMATIC_CALLS = _int_env("OPERATION_MAX_AUTOMATIC_CALLS", "5")
 POLICY_VERSION_OVERRIDES: dict[str, str] = {}
 
 LOGGING = {
@@ -208,14 +226,6 @@ LOGGING = {
 # Demo data (tenants acme/globex and their users) is only ever created with DEBUG on.
 DEMO_PASSWORD = os.environ.get("DEMO_PASSWORD", "")
 
-
-def _float_env(name: str, default: str) -> float:
-    # Same rule as env.py: a bad value stops the start with one line naming the variable.
-    raw = os.environ.get(name, default)
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
 
 
 # Providers. The defaults point at the project's own sandbox providers so that a fresh checkout
@@ -285,5 +295,5 @@ if SANDBOX_ENABLED:
     ]
     CELERY_BEAT_SCHEDULE["sandbox-tick"] = {
         "task": "sandbox.tick",
-        "schedule": float(os.environ.get("SANDBOX_TICK_SECONDS", "5")),
+        "schedule": _float_env("SANDBOX_TICK_SECONDS", "5"),
     }

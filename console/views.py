@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterator
 
 from django.contrib.auth.decorators import login_not_required
@@ -89,16 +90,22 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     return page_render(request, "console/audit.html", context, partial="rows")
 
 
+def _cell(value: str) -> str:
+    """A spreadsheet runs a cell starting with = + - @ (or a tab or CR before one) as a
+    formula; a reason or comment is anyone's text, so it is quoted as text."""
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
 def _csv_rows(events) -> Iterator[list[str]]:
     yield ["id", "time", "actor", "tenant", "action", "object_type", "object_id", "reason",
            "before", "after"]
     for event in events.iterator(chunk_size=1000):
         yield [
-            str(event.id), event.created_at.isoformat(), event.actor_username,
-            event.tenant.slug if event.tenant else "", event.action, event.object_type,
-            event.object_id, event.reason,
-            "" if event.before is None else str(event.before),
-            "" if event.after is None else str(event.after),
+            str(event.id), event.created_at.isoformat(), _cell(event.actor_username),
+            event.tenant.slug if event.tenant else "", _cell(event.action),
+            _cell(event.object_type), _cell(event.object_id), _cell(event.reason),
+            "" if event.before is None else _cell(json.dumps(event.before, sort_keys=True)),
+            "" if event.after is None else _cell(json.dumps(event.after, sort_keys=True)),
         ]
 
 

@@ -41,6 +41,8 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
          "PAYMENTS_WEBHOOK_SECRET"),
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "CRM_API_BASE": "https://crm.example.com/api"}, "CRM_API_KEY"),
+        ({"DEBUG": "1", "OPERATION_LEASE_SECONDS": "thirty"}, "OPERATION_LEASE_SECONDS"),
+        ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "10s"}, "PROVIDER_TIMEOUT_SECONDS"),
         # The default providers are the sandbox, which is not served with DEBUG off.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com"},
          "PAYMENTS_API_BASE"),

@@ -119,3 +119,23 @@ def test_it_shows_and_exports_nothing_for_a_filter_that_does_not_parse(trail, au
     assert export.status_code == 400
     assert "nothing was exported" in export.content.decode()
     assert b"apr_" not in export.content
+
+
+@pytest.mark.django_db
+def test_it_exports_text_that_spreadsheets_will_not_run_and_json_they_can_read(acme, auditor):
+    import json
+
+    audit_event_record(actor=auditor, action="intent.reject", tenant=acme,
+                       object_type="approval", object_id="apr_x",
+                       reason='=HYPERLINK("http://evil.test","open")',
+                       before={"status": "pending"}, after={"status": "rejected"})
+    client = Client()
+    client.force_login(auditor)
+
+    response = client.get("/audit.csv", {"object": "apr_x"})
+
+    (header, row) = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    cells = dict(zip(header, row, strict=True))
+    assert cells["reason"] == '\'=HYPERLINK("http://evil.test","open")'
+    assert json.loads(cells["before"]) == {"status": "pending"}
+    assert json.loads(cells["after"]) == {"status": "rejected"}

@@ -53,7 +53,7 @@ def _decided_message(approval: Approval) -> str:
     if approval.status == P.EXPIRED:
         return (
             f"This approval expired at {_when(approval.expires_at)}; nothing was approved. "
-            "The agent must request a new approval."
+            "To ask again, the agent prepares the intent anew, superseding this one."
         )
     return f"Already {approval.status} by {who} at {_when(approval.decided_at)}."
 
@@ -160,7 +160,8 @@ def _refuse_unless_decidable(approval: Approval, actor, *, now: datetime) -> Non
     if approval.expires_at <= now:
         raise ApprovalRefused(
             f"This approval expired at {_when(approval.expires_at)}; nothing was approved. "
-            "The attempt is recorded and the agent must request a new approval.",
+            "The attempt is recorded; to ask again, the agent prepares the intent anew, "
+            "superseding this one.",
             code="expired",
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -234,6 +235,14 @@ DEMO_PASSWORD = os.environ.get("DEMO_PASSWORD", "")
 _SANDBOX_BASE = f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}/sandbox"
 
 
+def _is_sandbox(base: str) -> bool:
+    """This console's own sandbox: /sandbox/ on loopback (of whatever port it runs on)."""
+    parts = urlsplit(base)
+    return parts.hostname in {"127.0.0.1", "localhost", "::1"} and parts.path.startswith(
+        "/sandbox/"
+    )
+
+
 def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
     """An API key or webhook secret. Its default is the sandbox's, printed in this file, so
     it serves only the sandbox: with DEBUG off and the provider's base elsewhere, anyone
@@ -241,7 +250,7 @@ def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
     value = os.environ.get(name, "")
     if value:
         return value
-    if not DEBUG and "/sandbox/" not in base:
+    if not DEBUG and not _is_sandbox(base):
         raise ConfigError(f"{name} must be set: its provider is not the sandbox ({base})")
     return sandbox_value
 
@@ -280,7 +289,7 @@ SANDBOX_WEBHOOK_TARGET = os.environ.get(
 )
 for _name, _base in (("PAYMENTS_API_BASE", PAYMENTS_API_BASE), ("CRM_API_BASE", CRM_API_BASE),
                      ("MAIL_API_BASE", MAIL_API_BASE)):
-    if "/sandbox/" in _base and not SANDBOX_ENABLED:
+    if _is_sandbox(_base) and not SANDBOX_ENABLED:
         # Every effect would fail against a sandbox that is not served: say so at start.
         raise ConfigError(
             f"{_name} points at the sandbox ({_base}), which is off with DEBUG off: set "

@@ -34,6 +34,7 @@ from operations.selectors import (
     tenants_for_user,
 )
 from operations.services import audit_event_record
+from operations.tasks import execute_on_commit
 
 S = OperationStatus
 PAGE_SIZE = 50
@@ -202,6 +203,11 @@ def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpRes
     def act(op: Operation, data: dict[str, Any]) -> str:
         report = operation_reconcile(operation_id=op.id, actor=request.user, reason=data["reason"])
         detail = f" ({report.detail})" if report.detail else ""
+        if report.may_call_again:
+            # Proven absent and authorized: as the sweep's reconcile does, hand it back to
+            # a worker, or it would wait in not_started with nobody to run it.
+            execute_on_commit(op.id)
+            detail += "; queued to run again with the same key"
         return f"Reconcile: {report.outcome.replace('_', ' ')}; status {report.status}{detail}."
 
     return _operator_action(

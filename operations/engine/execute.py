@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, Q
 from django.utils import timezone
 
 from operations.engine import core
@@ -235,11 +235,15 @@ def _record_call_result(
         # a "still processing" webhook overtook the answer: the definite answer we now hold
         # is still the best evidence there is.
         late_sources = {S.UNKNOWN, S.ACCEPTED} if to in (S.SUCCEEDED, S.FAILED) else {S.UNKNOWN}
+        newer_call = Attempt.objects.filter(
+            operation_id=op.id, kind=AttemptKind.CALL, number__gt=attempt.number
+        )
         won = transition(
             op,
             to=to,
             sources=late_sources,
-            extra=Q(resolved_manually=False),
+            # Only while no newer call was made: its answer (or a lookup) outranks ours.
+            extra=Q(resolved_manually=False) & ~Exists(newer_call),
             evidence_kind=EvidenceKind.CALL_RESULT,
             summary=summary + " (answer arrived late)",
             data=data,

@@ -62,7 +62,11 @@ def operation_prepare(
         if run is not None and command_id:
             # The run's row is the lock for its commands: two workers resuming the same node
             # at once would otherwise both find no operation for it and both insert one.
-            Run.objects.select_for_update().filter(id=run.id).values_list("id").first()
+            # NO KEY: inserts that reference the run (its checkpoints, other operations)
+            # take KEY SHARE for their foreign key, which a plain FOR UPDATE would block.
+            Run.objects.select_for_update(no_key=True).filter(id=run.id).values_list(
+                "id"
+            ).first()
             # The command's current intent, cancelled ones included: a rejected intent
             # prepared again unchanged stays what it is (rejected), never a fresh request.
             live = (

@@ -234,10 +234,14 @@ def _record_lookup(
                 actor=actor,
             )
             op.refresh_from_db()
-            if not won:
+            if not won and not (
+                op.status == S.NOT_STARTED and op.provider_calls == calls_before
+            ):
                 return ReconcileReport(
                     op.id, "stale", op.status, "a call was made after this lookup began"
                 )
+            # Won, or a concurrent reconcile proved the same absence first: either way the
+            # call may go again, and the execute's claim lets only one of us make it.
             return ReconcileReport(op.id, "absent", op.status, "proven absent", may_call_again=True)
         _lookup_noted(
             op, summary="proven absent, but the provider's contract does not make a new call "

@@ -43,6 +43,9 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
           "CRM_API_BASE": "https://crm.example.com/api"}, "CRM_API_KEY"),
         ({"DEBUG": "1", "OPERATION_LEASE_SECONDS": "thirty"}, "OPERATION_LEASE_SECONDS"),
         ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "10s"}, "PROVIDER_TIMEOUT_SECONDS"),
+        # A real provider whose path says "sandbox" is still a real provider.
+        ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "PAYMENTS_API_BASE": "https://pay.example.com/sandbox/v1"}, "PAYMENTS_API_KEY"),
         # The default providers are the sandbox, which is not served with DEBUG off.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com"},
          "PAYMENTS_API_BASE"),

@@ -272,6 +272,30 @@ def test_it_reconciles_now_with_a_lookup_attempt_and_audit(acme_unknown, operato
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_hands_a_proven_absent_operation_back_to_a_worker_after_reconcile_now(
+    acme, approver, operator, sandbox, monkeypatch
+):
+    from operations import tasks
+    from operations.engine import operation_execute
+    from tests.operations.engine_helpers import authorized_payment
+
+    queued: list[str] = []
+    monkeypatch.setattr(tasks.execute_operation, "delay", queued.append)
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    operation_execute(operation_id=op.id)  # refused before any write: unknown
+
+    body = signed_in(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"},
+        HTTP_HX_REQUEST="true").content.decode()
+
+    op.refresh_from_db()
+    assert op.status == "not_started" and queued == [op.id]
+    assert "queued to run again with the same key" in body
+    assert not sandbox_writes(provider="payments").filter(response_status=200).exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
     acme_unknown, operator, approver, sandbox
 ):

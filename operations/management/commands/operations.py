@@ -144,6 +144,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
         )
+        if report.may_call_again:
+            # A thin wrapper runs nothing it was not asked to: it says what comes next.
+            self.stdout.write(f"may call again with the same key: operations execute {op.id}")
 
     def _list(self, options: dict[str, Any]) -> None:
         if options["limit"] < 1:

@@ -210,6 +210,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 OPERATION_LEASE_SECONDS = _int_env("OPERATION_LEASE_SECONDS", "30")
 RECONCILE_DELAY_SECONDS = _int_env("RECONCILE_DELAY_SECONDS", "5")
 ACCEPTED_RECONCILE_SECONDS = _int_env("ACCEPTED_RECONCILE_SECONDS", "120")
+# An approved operation no worker has claimed after this long is queued again.
+EXECUTE_RECHECK_SECONDS = _int_env("EXECUTE_RECHECK_SECONDS", "60")
 # Calls the engine makes on its own for one operation (each after a lookup proved the last
 # one left nothing); past that, a person decides.
 OPERATION_MAX_AUTOMATIC_CALLS = _int_env("OPERATION_MAX_AUTOMATIC_CALLS", "5")

@@ -30,13 +30,19 @@ def reconcile_operation(operation_id: str) -> str:
 
 @shared_task(name="operations.sweep_operations")
 def sweep_operations() -> int:
-    """Beat: expired leases and due re-checks each get one reconcile task."""
+    """Beat: expired leases and due re-checks each get one reconcile task; operations that
+    should be running but were never claimed get their execute again."""
     ids = engine.operations_claim_due_for_reconcile()
     for operation_id in ids:
         reconcile_operation.delay(operation_id)
-    return len(ids)
+    waiting = engine.operations_claim_waiting_for_execute()
+    for operation_id in waiting:
+        execute_operation.delay(operation_id)
+    return len(ids) + len(waiting)
 
 
 def execute_on_commit(operation_id: str) -> None:
-    """Enqueue execution once the transaction that authorized it has committed."""
-    transaction.on_commit(lambda: execute_operation.delay(operation_id))
+    """Enqueue execution once the transaction that authorized it has committed. Robust: a
+    broker that is down then must not turn a committed approval into an error page; the
+    failure is logged and the sweep queues the execute at its recheck time."""
+    transaction.on_commit(lambda: execute_operation.delay(operation_id), robust=True)

@@ -22,6 +22,7 @@ from operations.engine.reconcile import (
     ReconcileReport,
     operation_reconcile,
     operations_claim_due_for_reconcile,
+    operations_claim_waiting_for_execute,
     operations_due_for_reconcile,
 )
 from operations.engine.webhooks import webhook_apply
@@ -41,6 +42,7 @@ __all__ = [
     "operation_reconcile",
     "operation_resolve",
     "operations_claim_due_for_reconcile",
+    "operations_claim_waiting_for_execute",
     "operations_due_for_reconcile",
     "reconcile_applies",
     "webhook_apply",

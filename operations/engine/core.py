@@ -61,6 +61,13 @@ def worker_name() -> str:
     return name
 
 
+def execute_recheck_at(now):
+    """When an operation that should be running (approved, or proven absent and free to be
+    called again) is queued again if no worker has claimed it: its execute message may have
+    been lost (the broker down at the moment of approval, a worker gone mid-delivery)."""
+    return now + timedelta(seconds=getattr(settings, "EXECUTE_RECHECK_SECONDS", 60))
+
+
 def accepted_recheck_at(now):
     """When an accepted operation (the provider's final answer still pending) is looked up
     next, if no webhook settles it first."""
@@ -162,7 +169,11 @@ def transition(
         values["unknown_since"] = now
     else:
         values["unknown_since"] = None
-        values["next_reconcile_at"] = accepted_recheck_at(now) if to == S.ACCEPTED else None
+        values["next_reconcile_at"] = (
+            accepted_recheck_at(now) if to == S.ACCEPTED
+            else execute_recheck_at(now) if to == S.NOT_STARTED
+            else None
+        )
     values.update(fields or {})
     condition = Q(id=op.id, status__in=list(sources))
     if extra is not None:

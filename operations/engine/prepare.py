@@ -10,6 +10,7 @@ from django.utils import timezone
 from operations.engine.core import (
     AuthorizationRefused,
     S,
+    execute_recheck_at,
     transition,
 )
 from operations.ids import new_id
@@ -203,6 +204,9 @@ def operation_authorize(
             authorized_by=approved_by,
             authorized_at=timezone.now(),
             authorization_expires_at=expires_at,
+            # The approval queues the execute on commit; should that message be lost, the
+            # sweep queues it again from this time on.
+            next_reconcile_at=execute_recheck_at(timezone.now()),
         )
         if updated != 1:
             raise AuthorizationRefused(

@@ -16,6 +16,7 @@ from operations.engine.core import (
     LOOKUP_STATUS,
     S,
     accepted_recheck_at,
+    execute_recheck_at,
     lease_expired,
     logger,
     next_attempt_number,
@@ -308,6 +309,24 @@ def reconcile_claim_seconds() -> float:
     """How long a queued reconcile owns its operation's next check: a lookup may take the
     provider's whole timeout, and the queue may be behind."""
     return 3 * float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
+
+
+def operations_claim_waiting_for_execute(*, limit: int = 200) -> list[str]:
+    """Operations that should be running but no worker has claimed by their recheck time
+    (approved, or proven absent): claimed like the reconcile queue, to be queued again. The
+    execute's own claim makes a second message harmless."""
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = list(
+            Operation.objects.filter(status=S.NOT_STARTED, next_reconcile_at__lte=now)
+            .order_by("next_reconcile_at")
+            .select_for_update(skip_locked=True)
+            .values_list("id", flat=True)[:limit]
+        )
+        Operation.objects.filter(id__in=claimed, status=S.NOT_STARTED).update(
+            next_reconcile_at=execute_recheck_at(now)
+        )
+    return claimed
 
 
 def operations_claim_due_for_reconcile(*, limit: int = 200) -> list[str]:

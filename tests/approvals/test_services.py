@@ -299,3 +299,36 @@ def test_it_enqueues_execution_only_when_the_approval_commits(
     assert len(callbacks) == 1 and refused_callbacks == []
     callbacks[0]()
     assert sent == [approval.operation_id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_an_approval_and_runs_it_later_when_the_broker_is_down(
+    acme, approver, prepare_payment, monkeypatch, caplog
+):
+    from kombu.exceptions import OperationalError
+
+    from operations import engine, tasks
+
+    approval = prepare_payment(acme)
+
+    def broker_down(operation_id: str) -> None:
+        raise OperationalError("Error 111 connecting to redis")
+
+    monkeypatch.setattr(tasks.execute_operation, "delay", broker_down)
+    approved = approval_approve(approval_id=approval.id, actor=approver)  # no error page
+
+    assert approved.status == ApprovalStatus.APPROVED
+    assert "Error 111" in caplog.text  # logged, not raised
+    op = Operation.objects.get(id=approval.operation_id)
+    assert op.status == OperationStatus.NOT_STARTED and op.authorized_hash == op.payload_hash
+    assert op.next_reconcile_at > timezone.now() + timedelta(seconds=50)
+    assert engine.operations_claim_waiting_for_execute() == []  # not yet: it may still run
+
+    # The broker is back; a minute on, no worker has claimed it: the sweep queues it again.
+    queued: list[str] = []
+    monkeypatch.setattr(tasks.execute_operation, "delay", queued.append)
+    monkeypatch.setattr(tasks.reconcile_operation, "delay", queued.append)
+    Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
+    assert tasks.sweep_operations() == 1
+    assert queued == [op.id]
+    assert tasks.sweep_operations() == 0  # claimed: not queued at every sweep

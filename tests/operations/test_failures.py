@@ -246,7 +246,9 @@ def test_it_fails_a_refused_intent_without_retrying(acme, approver, providers):
 @pytest.mark.django_db(transaction=True)
 def test_it_returns_the_stored_result_when_already_succeeded(acme, approver, providers):
     op = authorized_payment(acme, approver)
+    assert op.next_reconcile_at is not None  # queued again if no worker ever claims it
     engine.operation_execute(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).next_reconcile_at is None  # claimed: no recheck
     first_hash = Operation.objects.get(id=op.id).payload_hash
     report = engine.operation_execute(operation_id=op.id)
     assert report.outcome == "already_succeeded"

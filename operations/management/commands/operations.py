@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
@@ -146,7 +147,10 @@ class Command(BaseCommand):
         )
         if report.may_call_again:
             # A thin wrapper runs nothing it was not asked to: it says what comes next.
-            self.stdout.write(f"may call again with the same key: operations execute {op.id}")
+            self.stdout.write(
+                f"may call again with the same key: the sweep queues it within "
+                f"{settings.EXECUTE_RECHECK_SECONDS}s; 'operations execute {op.id}' runs it now"
+            )
 
     def _list(self, options: dict[str, Any]) -> None:
         if options["limit"] < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
@@ -13,21 +14,22 @@ from console.env import BASE_DIR, VAR_DIR, ConfigError, read_config
 CONFIG = read_config(os.environ)
 
 
-def _float_env(name: str, default: str) -> float:
+def _number_env(name: str, default: str, kind: type[int] | type[float]) -> Any:
     # Same rule as env.py: a bad value stops the start with one line naming the variable.
     raw = os.environ.get(name, default)
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{name}={raw!r} is not {what}") from None
+
+
+def _float_env(name: str, default: str) -> float:
+    return _number_env(name, default, float)
 
 
 def _int_env(name: str, default: str) -> int:
-    raw = os.environ.get(name, default)
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    return _number_env(name, default, int)
 
 
 DEBUG = CONFIG.debug

@@ -12,6 +12,7 @@ from django.http import Http404
 from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
 
+from operations import transitions
 from operations.models import (
     AuditEvent,
     Evidence,
@@ -79,10 +80,8 @@ def operations_for_user(user, perm: str = "view_tenant"):
     return Operation.objects.filter(tenant_id__in=tenant_ids_for_user(user, perm))
 
 
-RECONCILED_STATUSES = frozenset({
-    OperationStatus.SUCCEEDED, OperationStatus.FAILED, OperationStatus.ACCEPTED,
-    OperationStatus.NOT_STARTED,
-})
+# What a reconcile can find out from unknown: an outcome, or proven absence (not_started).
+RECONCILED_STATUSES = transitions.AUTOMATIC[OperationStatus.UNKNOWN]
 
 
 def dashboard_metrics(user) -> dict:
@@ -92,9 +91,9 @@ def dashboard_metrics(user) -> dict:
     by_status = dict(
         ops.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
     )
-    unknown = ops.filter(status=OperationStatus.UNKNOWN).aggregate(
-        n=Count("id"), oldest=Min("unknown_since")
-    )
+    oldest_unknown = ops.filter(status=OperationStatus.UNKNOWN).aggregate(
+        oldest=Min("unknown_since")
+    )["oldest"]
     # Time from `unknown` to knowing what happened (an outcome, or proven absence), recorded
     # on the evidence that settled it. A dispute is a hold, not a finding: not counted.
     with connection.cursor() as cursor:
@@ -115,8 +114,8 @@ def dashboard_metrics(user) -> dict:
             for status, label in OperationStatus.choices
         ],
         "total": sum(by_status.values()),
-        "unknown_count": unknown["n"],
-        "unknown_oldest_since": unknown["oldest"],
+        "unknown_count": by_status.get(OperationStatus.UNKNOWN, 0),
+        "unknown_oldest_since": oldest_unknown,
         "reconcile_p50": p50,
         "reconcile_p95": p95,
         "version_conflicts": ops.filter(error_code="version_conflict").count(),

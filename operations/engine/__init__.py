@@ -12,6 +12,7 @@ from operations.engine.core import (
     AuthorizationRefused,
     EngineError,
     TransitionRefused,
+    dispute_applies,
     lease_expired,
     reconcile_applies,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "ExecuteReport",
     "ReconcileReport",
     "TransitionRefused",
+    "dispute_applies",
     "lease_expired",
     "operation_authorize",
     "operation_cancel",

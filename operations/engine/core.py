@@ -47,7 +47,7 @@ class TransitionRefused(EngineError):
 
 
 def lease_duration() -> timedelta:
-    return timedelta(seconds=getattr(settings, "OPERATION_LEASE_SECONDS", 30))
+    return timedelta(seconds=settings.OPERATION_LEASE_SECONDS)
 
 
 def worker_name() -> str:
@@ -65,13 +65,13 @@ def execute_recheck_at(now):
     """When an operation that should be running (approved, or proven absent and free to be
     called again) is queued again if no worker has claimed it: its execute message may have
     been lost (the broker down at the moment of approval, a worker gone mid-delivery)."""
-    return now + timedelta(seconds=getattr(settings, "EXECUTE_RECHECK_SECONDS", 60))
+    return now + timedelta(seconds=settings.EXECUTE_RECHECK_SECONDS)
 
 
 def accepted_recheck_at(now):
     """When an accepted operation (the provider's final answer still pending) is looked up
     next, if no webhook settles it first."""
-    return now + timedelta(seconds=getattr(settings, "ACCEPTED_RECONCILE_SECONDS", 120))
+    return now + timedelta(seconds=settings.ACCEPTED_RECONCILE_SECONDS)
 
 
 def lease_expired(op: Operation) -> bool:
@@ -86,6 +86,14 @@ def lease_expired(op: Operation) -> bool:
 def outcome_open(op: Operation) -> bool:
     """Unknown or accepted, and no person has settled it: what a lookup may still move."""
     return op.status in (S.UNKNOWN, S.ACCEPTED) and not op.resolved_manually
+
+
+def dispute_applies(op: Operation) -> bool:
+    """Whether an operator may mark it disputed: where the manual table allows it, and for
+    an in-progress one only once its lease ran out (operation_dispute's own condition)."""
+    return transitions.allowed(op.status, S.DISPUTED, manual=True) and (
+        op.status != S.IN_PROGRESS or lease_expired(op)
+    )
 
 
 def reconcile_applies(op: Operation) -> bool:
@@ -117,7 +125,7 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         # The provider may act at any moment until the answer arrives; an unanswered call
         # may have acted until at least the client's timeout.
         last_call_at = call["finished_at"] or call["started_at"] + timedelta(
-            seconds=float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
+            seconds=settings.PROVIDER_TIMEOUT_SECONDS
         )
     return OperationSnapshot(
         id=op.id,
@@ -196,12 +204,12 @@ def transition(
         if not won:
             return False
         payload = dict(data or {})
-        if before and before["unknown_since"] is not None and to != S.UNKNOWN:
+        if before["unknown_since"] is not None and to != S.UNKNOWN:
             payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
         Evidence.objects.create(
             operation_id=op.id,
             kind=evidence_kind,
-            from_status=before["status"] if before else "",
+            from_status=before["status"],
             to_status=to,
             summary=summary,
             data=payload,
@@ -215,7 +223,7 @@ def transition(
                 object_type="operation",
                 object_id=op.id,
                 reason=reason,
-                before={"status": before["status"] if before else ""},
+                before={"status": before["status"]},
                 after={
                     "status": to,
                     **{

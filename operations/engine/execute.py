@@ -71,7 +71,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
     if problem == "missing":
         return ExecuteReport(op.id, "awaiting_authorization", op.status)
     if problem:
-        transition(
+        cancelled = transition(
             op,
             to=S.CANCELLED,
             sources={S.NOT_STARTED},
@@ -81,6 +81,8 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             fields={"error_code": "authorization", "error_message": problem},
         )
         op.refresh_from_db()
+        if not cancelled:  # another worker claimed (or cancelled) it first
+            return ExecuteReport(op.id, "lost_claim", op.status, "moved on meanwhile")
         return ExecuteReport(op.id, "cancelled", op.status, problem)
 
     adapter = core.adapter(op.action)
@@ -212,7 +214,7 @@ def _record_call_result(
             "error_code": result.error_class or "unknown",
             "error_message": result.error_message,
             "next_reconcile_at": now
-            + timedelta(seconds=getattr(settings, "RECONCILE_DELAY_SECONDS", 5))
+            + timedelta(seconds=settings.RECONCILE_DELAY_SECONDS)
             if retry
             else None,
         }

@@ -60,6 +60,7 @@ def operation_prepare(
         action=action, tenant=tenant.slug, payload=payload, policy_version=policy.version
     )
     with transaction.atomic():
+        live = None
         if run is not None and command_id:
             # The run's row is the lock for its commands: two workers resuming the same node
             # at once would otherwise both find no operation for it and both insert one.
@@ -71,9 +72,8 @@ def operation_prepare(
             # The command's current intent, cancelled ones included: a rejected intent
             # prepared again unchanged stays what it is (rejected), never a fresh request.
             live = (
-                Operation.objects.filter(
-                    run=run, command_id=command_id, superseded_by__isnull=True
-                )
+                Operation.objects.select_for_update(of=("self",))
+                .filter(run=run, command_id=command_id, superseded_by__isnull=True)
                 .order_by("-id")
                 .first()
             )
@@ -90,7 +90,11 @@ def operation_prepare(
                     f"intent supersedes that one, not {supersedes.id}"
                 )
         if supersedes is not None:
-            supersedes = Operation.objects.select_for_update().get(id=supersedes.id)
+            # The command's current intent is already locked above; any other, lock it here.
+            if live is None:
+                supersedes = Operation.objects.select_for_update().get(id=supersedes.id)
+            else:
+                supersedes = live
             if supersedes.tenant_id != tenant.id or supersedes.action != action:
                 raise IntentError("a superseding intent keeps the tenant and the action")
             if (run is not None and supersedes.run_id != run.id) or (

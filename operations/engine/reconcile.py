@@ -180,7 +180,7 @@ def _record_lookup(
             _lookup_noted(
                 op, summary=f"provider still reports {found.status} for {found.external_id}",
                 data=data, actor=actor,
-                next_reconcile_at=accepted_recheck_at(now) if to == S.ACCEPTED else _KEEP,
+                next_reconcile_at=accepted_recheck_at(now),  # only accepted stays put
             )
             return ReconcileReport(op.id, "found", op.status, "unchanged")
         fields: dict[str, Any] = {
@@ -210,7 +210,7 @@ def _record_lookup(
             EffectClass.CREATE_WITH_NATURAL_KEY,
             EffectClass.VERSIONED_UPDATE,
         )
-        max_calls = getattr(settings, "OPERATION_MAX_AUTOMATIC_CALLS", 5)
+        max_calls = settings.OPERATION_MAX_AUTOMATIC_CALLS
         if may_call and op.provider_calls >= max_calls:
             # A provider that fails the same request every time (a 5xx it always gives)
             # would otherwise be called every few seconds until the approval runs out.
@@ -265,19 +265,15 @@ def _record_lookup(
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
 
 
-_KEEP = object()
-
-
 def _lookup_noted(
-    op: Operation, *, summary: str, data: dict[str, Any], actor, next_reconcile_at: Any = _KEEP
+    op: Operation, *, summary: str, data: dict[str, Any], actor, next_reconcile_at: Any
 ) -> None:
     """A lookup that leaves the status where it is: its evidence, and when to look again,
     in one transaction (and only while the status is still the one looked up)."""
     with transaction.atomic():
-        if next_reconcile_at is not _KEEP:
-            Operation.objects.filter(id=op.id, status=op.status).update(
-                next_reconcile_at=next_reconcile_at
-            )
+        Operation.objects.filter(id=op.id, status=op.status).update(
+            next_reconcile_at=next_reconcile_at
+        )
         Evidence.objects.create(
             operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,
             to_status=op.status, summary=summary, data=data, actor=actor,
@@ -308,7 +304,7 @@ def operations_due_for_reconcile(*, limit: int = 200) -> list[str]:
 def reconcile_claim_seconds() -> float:
     """How long a queued reconcile owns its operation's next check: a lookup may take the
     provider's whole timeout, and the queue may be behind."""
-    return 3 * float(getattr(settings, "PROVIDER_TIMEOUT_SECONDS", 10))
+    return 3 * settings.PROVIDER_TIMEOUT_SECONDS
 
 
 def operations_claim_waiting_for_execute(*, limit: int = 200) -> list[str]:

@@ -22,7 +22,7 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     approval = (
         Approval.objects.select_related(
             "operation", "operation__tenant", "operation__run", "operation__supersedes",
-            "decided_by",
+            "operation__superseded_by", "decided_by",
         )
         .filter(id=approval_id)
         .first()
@@ -52,7 +52,7 @@ def approvals_for_user(
         qs = qs.filter(operation__action=filters.action)
     return qs.select_related(
         "operation", "operation__tenant", "operation__run", "operation__supersedes",
-        "decided_by",
+        "operation__superseded_by", "decided_by",
     ).prefetch_related(
         # Each card names the approval its intent replaced: one query for the whole page.
         "supersedes"

@@ -100,35 +100,22 @@ def approval_request(*, operation: Operation, supersedes: Operation | None = Non
 
 
 def approvals_supersede_for(*, operation: Operation, new_approval: Approval | None) -> None:
-    """The replaced intent's pending approval, if any, can no longer be used."""
-    old = (
-        Approval.objects.filter(operation=operation, status=P.PENDING)
-        .values_list("id", flat=True)
-        .first()
-    )
-    if old is not None:
-        approval_supersede(approval_id=old, new_approval=new_approval)
-
-
-def approval_supersede(*, approval_id: str, new_approval: Approval | None) -> bool:
-    """Mark a pending approval unusable because its intent changed; True when this call won.
-    `new_approval` is None when the new intent needs no approval (the policy authorizes it)."""
+    """The replaced intent's pending approval, if any, can no longer be used. `new_approval`
+    is None when the new intent needs no approval (the policy authorizes it)."""
+    old = Approval.objects.filter(operation=operation, status=P.PENDING).first()
+    if old is None:
+        return
     with transaction.atomic():
-        won = (
-            Approval.objects.filter(id=approval_id, status=P.PENDING).update(
-                status=P.SUPERSEDED, superseded_by=new_approval, decided_at=timezone.now()
-            )
-            == 1
+        won = Approval.objects.filter(id=old.id, status=P.PENDING).update(
+            status=P.SUPERSEDED, superseded_by=new_approval, decided_at=timezone.now()
         )
         if won:
-            approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
             _audit(
-                actor=None, action="approval.supersede", approval=approval,
-                tenant=approval.operation.tenant, before={"status": P.PENDING},
+                actor=None, action="approval.supersede", approval=old, tenant=operation.tenant,
+                before={"status": P.PENDING},
                 after={"status": P.SUPERSEDED,
                        "superseded_by": new_approval.id if new_approval else None},
             )
-    return won
 
 
 def _locked(approval_id: str) -> Approval:
@@ -138,8 +125,9 @@ def _locked(approval_id: str) -> Approval:
     Operation first, then approval, as prepare takes them when a changed intent supersedes
     this one (it locks the old operation, cancels it, then supersedes its approval). In the
     other order a decision and a supersede could each hold what the other waits for."""
-    operation_id = Approval.objects.values_list("operation_id", flat=True).get(id=approval_id)
-    Operation.objects.select_for_update().filter(id=operation_id).values_list("id").first()
+    Operation.objects.select_for_update(of=("self",)).filter(
+        approvals__id=approval_id
+    ).values_list("id").first()
     return (
         Approval.objects.select_for_update(of=("self",))
         .select_related("operation", "operation__tenant", "operation__run")
@@ -252,9 +240,9 @@ def approval_reject(*, approval_id: str, actor, reason: str) -> Approval:
             if not operation_cancel(operation_id=op.id, actor=actor, reason=f"rejected: {reason}"):
                 # The operation left not_started some other way: the rejection would say
                 # something untrue, so none is recorded.
+                # `op` was read under its lock (_locked): its status is the current one.
                 raise ApprovalRefused(
-                    f"The operation is already {Operation.objects.get(id=op.id).status}; "
-                    "nothing was rejected.", code="race",
+                    f"The operation is already {op.status}; nothing was rejected.", code="race",
                 )
     except ApprovalRefused as refusal:
         _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="reject")
@@ -278,7 +266,7 @@ def _record_refusal(*, approval_id: str, actor, refusal: ApprovalRefused, verb: 
 def approval_expire(*, approval_id: str) -> bool:
     """Expire a pending approval whose time is up, and cancel its never-run operation."""
     with transaction.atomic():
-        _locked(approval_id)  # the same lock order as every other change of an approval
+        approval = _locked(approval_id)  # the lock order of every change of an approval
         now = timezone.now()
         won = (
             Approval.objects.filter(
@@ -288,7 +276,6 @@ def approval_expire(*, approval_id: str) -> bool:
         )
         if not won:
             return False
-        approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
         # The approval expires whatever became of its operation; the record says which.
         cancelled = operation_cancel(
             operation_id=approval.operation_id, actor=None, reason="approval expired"

@@ -19,12 +19,10 @@ from approvals.selectors import (
     approvals_queue_page,
 )
 from approvals.services import ApprovalRefused, approval_approve, approval_reject
-from operations.htmx import page_render
+from operations.htmx import page_render, page_unmasking
 from operations.intents import intent_diff, intent_rows, intent_summary
-from operations.models import Action, Tenant
-from operations.selectors import tenant_ids_for_user, tenants_for_user
-from operations.services import audit_event_record
-from operations.views import unmask_requested
+from operations.models import Action
+from operations.selectors import tenants_for_user
 
 QUEUE_PAGE_SIZE = 20
 
@@ -71,8 +69,8 @@ def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
 
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
-    tenant_ids = tenant_ids_for_user(request.user)
-    tenants = Tenant.objects.filter(id__in=tenant_ids).order_by("slug")
+    tenants = list(tenants_for_user(request.user).order_by("slug"))
+    tenant_ids = [tenant.id for tenant in tenants]
     form = QueueFilterForm(request.GET, tenants=tenants)
     if form.is_valid():
         qs = approvals_for_user(request.user, filters=form.filters(), tenant_ids=tenant_ids)
@@ -99,17 +97,13 @@ def queue(request: HttpRequest) -> HttpResponse:
 def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "view_tenant")
     tenant = approval.operation.tenant
-    unmasked = unmask_requested(request, tenant)
+    unmasked, may_unmask = page_unmasking(
+        request, tenant, action="approval.view_unmasked", object_type="approval",
+        object_id=approval.id, reason=request.path, after={"approvals": [approval.id]},
+    )
     card = _card(approval, unmasked=unmasked,
                  can_decide=request.user.has_perm("operations.approve_intents", tenant))
-    if unmasked:
-        # Seeing unmasked values is itself an action on record.
-        audit_event_record(
-            actor=request.user, action="approval.view_unmasked", tenant=tenant,
-            object_type="approval", object_id=approval.id, reason=request.path,
-            after={"approvals": [approval.id]},
-        )
-    card["may_unmask"] = request.user.has_perm("operations.view_unmasked", tenant)
+    card["may_unmask"] = may_unmask
     history = []
     if approval.operation.supersedes_id:
         history = list(
@@ -136,7 +130,8 @@ def _decided(
     """htmx: the card, swapped in place. Without JS: a message and a redirect (PRG)."""
     if request.htmx:
         fresh = approval_for_user(request.user, approval.id, "view_tenant")
-        (card,) = _cards(request.user, [fresh])
+        # The decision views already required approve_intents on this tenant.
+        card = _card(fresh, unmasked=False, can_decide=True)
         card.update(error=error, notice=notice)
         return render(
             request, "approvals/queue.html#card",

@@ -1,4 +1,4 @@
-"""How a page answers htmx: the named partial for an in-page swap, the whole page otherwise."""
+"""What every page shares: how it answers htmx, and when it may show unmasked values."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
+
+from operations.models import Tenant
+from operations.services import audit_event_record
 
 
 def page_render(
@@ -19,3 +22,18 @@ def page_render(
     # One URL answers a fragment or a page: a cache must never hand one out for the other.
     patch_vary_headers(response, ("HX-Request",))
     return response
+
+
+def page_unmasking(
+    request: HttpRequest, tenant: Tenant, *, action: str, object_type: str, object_id: str,
+    **audit: Any,
+) -> tuple[bool, bool]:
+    """(unmasked, may_unmask). Pages are masked by default: unmasked only when asked for
+    (`?unmasked=1`, a full page, never an htmx refresh) by someone holding view_unmasked on
+    the tenant, and then on the audit trail, once per such page."""
+    may_unmask = request.user.has_perm("operations.view_unmasked", tenant)
+    unmasked = may_unmask and request.GET.get("unmasked") == "1" and not request.htmx
+    if unmasked:
+        audit_event_record(actor=request.user, action=action, tenant=tenant,
+                           object_type=object_type, object_id=object_id, **audit)
+    return unmasked, may_unmask

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from operations import transitions
 from operations.engine import (
     EngineError,
+    dispute_applies,
     lease_expired,
     operation_dispute,
     operation_reconcile,
@@ -21,9 +22,9 @@ from operations.engine import (
     reconcile_applies,
 )
 from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
-from operations.htmx import page_render
+from operations.htmx import page_render, page_unmasking
 from operations.intents import intent_rows, intent_summary
-from operations.models import Operation, OperationStatus, Tenant
+from operations.models import Operation, OperationStatus
 from operations.selectors import (
     keyset_page,
     operation_for_user,
@@ -33,7 +34,6 @@ from operations.selectors import (
     operations_unknown_queue,
     tenants_for_user,
 )
-from operations.services import audit_event_record
 from operations.tasks import execute_on_commit
 
 S = OperationStatus
@@ -96,8 +96,7 @@ def _panel_context(
         "timeline": operation_timeline(op),
         "can_reconcile": can_reconcile,
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
-        "can_dispute": can_reconcile
-        or (can_operate and op.status in (S.SUCCEEDED, S.FAILED)),
+        "can_dispute": can_operate and dispute_applies(op),
         "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
         "resolve_form": forms.get("resolve") or ResolveForm(prefix="resolve"),
         "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),
@@ -106,31 +105,15 @@ def _panel_context(
     }
 
 
-def unmask_requested(request: HttpRequest, tenant: Tenant) -> bool:
-    """Views are masked by default: unmasked only when asked for (`?unmasked=1`, a full page,
-    never an htmx refresh) by someone holding view_unmasked on the tenant. The caller
-    records the audit event, once per such page."""
-    return (
-        request.GET.get("unmasked") == "1"
-        and not request.htmx
-        and request.user.has_perm("operations.view_unmasked", tenant)
-    )
-
-
 @require_GET
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     op = operation_for_user(request.user, operation_id)
-    unmasked = unmask_requested(request, op.tenant)
-    if unmasked:
-        audit_event_record(
-            actor=request.user,
-            action="operation.view_unmasked",
-            tenant=op.tenant,
-            object_type="operation",
-            object_id=op.id,
-        )
+    unmasked, may_unmask = page_unmasking(
+        request, op.tenant, action="operation.view_unmasked", object_type="operation",
+        object_id=op.id,
+    )
     context = _page_context(request, op, unmasked=unmasked)
-    context["may_unmask"] = request.user.has_perm("operations.view_unmasked", op.tenant)
+    context["may_unmask"] = may_unmask
     return render(request, DETAIL, context)
 
 

@@ -130,27 +130,28 @@ def _holds_card_number(text: str) -> bool:
     return False
 
 
+# The schemas' own numbers: an amount or a version is never card data, however long.
+_TYPED_NUMBERS = frozenset({"amount_minor", "expected_version"})
+
+
 def _refuse_secrets(value: Any, path: str) -> None:
     if isinstance(value, Mapping):
         for key, inner in value.items():
             if _SECRET_NAMES.search(_field_words(str(key))):
                 raise IntentError(f"{path}.{key}: a field named like a secret is not allowed")
+            if key in _TYPED_NUMBERS and isinstance(inner, int):
+                continue
             _refuse_secrets(inner, f"{path}.{key}")
     elif isinstance(value, list):
         for i, inner in enumerate(value):
             _refuse_secrets(inner, f"{path}[{i}]")
-    elif isinstance(value, int) and not isinstance(value, bool):
-        if _holds_card_number(str(abs(value))):
+    elif isinstance(value, (int, str)) and not isinstance(value, bool):
+        if _holds_card_number(value if isinstance(value, str) else str(abs(value))):
             raise IntentError(
                 f"{path}: looks like a full card number; intents carry references, "
                 "never card data"
             )
-    elif isinstance(value, str):
-        if _holds_card_number(value):
-            raise IntentError(
-                f"{path}: looks like a full card number; intents carry references, "
-                "never card data"
-            )
+    if isinstance(value, str):
         for pattern, what in _SECRET_VALUES:
             if pattern.search(value):
                 raise IntentError(f"{path}: looks like {what}; secrets never enter the journal")
@@ -270,12 +271,7 @@ def major_units(amount_minor: int, currency: str) -> Decimal:
 
 
 def money_format(amount_minor: int, currency: str) -> str:
-    exponent = _EXPONENT.get(currency.upper(), 2)
-    if exponent == 0:
-        return f"{amount_minor:,} {currency}"
-    major, minor = divmod(abs(amount_minor), 10**exponent)
-    sign = "-" if amount_minor < 0 else ""
-    return f"{sign}{major:,}.{minor:0{exponent}d} {currency}"
+    return f"{major_units(amount_minor, currency):,f} {currency}"
 
 
 def mask_email(value: str) -> str:
@@ -335,12 +331,10 @@ def _mask_nested(value: Any, *, mask_plain_text: bool) -> str:
     return str(value)
 
 
-def _mask_patch(value: Any) -> str:
+def _mask_patch(value: Mapping[str, Any]) -> str:
     """A deal change stays readable (the approver must see what moves), except what is
     personal: a field the deal schema masks (the owner's email), and anything that looks
     like an email address or an account number wherever it sits."""
-    if not isinstance(value, Mapping):
-        return _mask_nested(value, mask_plain_text=False)
     masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
     return ", ".join(
         f"{k} → "

@@ -34,6 +34,11 @@ def _deal_facts(deal: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _applied(op: OperationSnapshot, deal: Mapping[str, Any]) -> bool:
+    """The CRM's record of which operations a deal's changes came from."""
+    return op.id in (deal.get("applied_operation_ids") or [])
+
+
 def _call_result(answer: Answer, body: Mapping[str, Any]) -> CallResult:
     return call_result(
         answer, sent=body, outcome=lambda _: CallOutcome.SUCCEEDED, facts=_deal_facts
@@ -115,9 +120,7 @@ class CrmUpdateDealAdapter:
         )
         result = _call_result(answer, body)
         current = result.result.get("current") or {}
-        if result.outcome == CallOutcome.CONFLICT and op.id in (
-            current.get("applied_operation_ids") or []
-        ):
+        if result.outcome == CallOutcome.CONFLICT and _applied(op, current):
             # The version moved on because of us: an earlier PATCH of this operation, whose
             # answer we lost, already applied the change. That is success, not a conflict.
             return replace(
@@ -138,7 +141,7 @@ class CrmUpdateDealAdapter:
         if not answer.ok:
             return lookup_failure(answer, method=method)
         facts = _deal_facts(answer.body)
-        if op.id in (answer.body.get("applied_operation_ids") or []):
+        if _applied(op, answer.body):
             return LookupResult(
                 outcome=LookupOutcome.FOUND, status=CallOutcome.SUCCEEDED, external_id=target,
                 matches=[facts], result=facts, **common,

@@ -475,9 +475,9 @@ def sandbox_deal_update(
 ) -> tuple[Deal, bool]:
     """(deal, applied), from the deal as the caller read it. Not applied: the version moved
     on; the deal is returned as it is now."""
+    if deal.version != expected_version:
+        return deal, False
     with transaction.atomic():
-        if deal.version != expected_version:
-            return deal, False
         applied = [*deal.applied_operation_ids, operation_id]
         # Every change bumps the version, so a matching version means `applied` is current.
         changed = Deal.objects.filter(pk=deal.pk, version=expected_version).update(

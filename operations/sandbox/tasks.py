@@ -15,9 +15,7 @@ def sandbox_tick() -> dict[str, int]:
     """Settle what a bank would have settled by now, then send the providers' pending
     webhooks to the console, as the real providers would. Safe to run twice: settling and
     delivery are conditional updates, and the console stores each event once."""
-    counts = sandbox_settle_due(
-        older_than=timedelta(seconds=float(settings.SANDBOX_SETTLE_SECONDS))
-    )
+    counts = sandbox_settle_due(older_than=timedelta(seconds=settings.SANDBOX_SETTLE_SECONDS))
     counts["webhooks_sent"] = sandbox_webhooks_deliver(
         target_base_url=settings.SANDBOX_WEBHOOK_TARGET
     )

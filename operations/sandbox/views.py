@@ -281,46 +281,43 @@ def payment_intent(request: HttpRequest, params: Params, intent_id: str) -> Http
 # --- CRM ----------------------------------------------------------------------------------
 
 
+def _deal_value_problem(field: str, value: Any, *, param: str) -> JsonResponse | None:
+    """One deal field, on create or inside a PATCH: a value the deal cannot hold is the
+    client's mistake (400), never our crash (500)."""
+    if field == "amount_minor":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return invalid("amount_minor must be a non-negative integer", param=param)
+    elif field == "currency":
+        if not isinstance(value, str) or not CURRENCY.match(value):
+            return invalid("currency must be three letters", param=param)
+    else:
+        limit = Deal._meta.get_field(field).max_length
+        if not isinstance(value, str) or len(value) > limit or (
+            field != "owner" and not value.strip()
+        ):
+            return invalid(f"{field} must be text of 1 to {limit} characters", param=param)
+    return None
+
+
 def _deal_fields(params: Params) -> tuple[dict[str, Any], JsonResponse | None]:
-    name = params.get("name")
-    if not isinstance(name, str) or not name.strip():
-        return {}, invalid("name is required", param="name")
-    amount = params.get("amount_minor")
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
-        return {}, invalid("amount_minor must be a non-negative integer", param="amount_minor")
-    currency = params.get("currency")
-    if not isinstance(currency, str) or not CURRENCY.match(currency):
-        return {}, invalid("currency must be three letters", param="currency")
-    owner = params.get("owner", "")
-    if not isinstance(owner, str):
-        return {}, invalid("owner must be a string", param="owner")
+    fields = {"name": params.get("name"), "amount_minor": params.get("amount_minor"),
+              "currency": params.get("currency"), "owner": params.get("owner", "")}
+    for field, value in fields.items():
+        problem = _deal_value_problem(field, value, param=field)
+        if problem:
+            return {}, problem
     operation_id = params.get("agent_operation_id", "")
     if not isinstance(operation_id, str):
         return {}, invalid("agent_operation_id must be a string", param="agent_operation_id")
-    return {"name": name, "amount_minor": amount, "currency": currency.upper(), "owner": owner,
+    return {**fields, "currency": fields["currency"].upper(),
             "agent_operation_id": operation_id}, None
 
 
-# The deal columns' sizes, for values inside a PATCH (top-level ones go through _too_long).
-DEAL_TEXT_LIMITS = {"name": 200, "owner": 150, "stage": 40}
-
-
 def _patch_problem(patch: dict[str, Any]) -> JsonResponse | None:
-    """A value the deal cannot hold is the client's mistake (400), never our crash (500)."""
     for field, value in patch.items():
-        param = f"patch[{field}]"
-        if field == "amount_minor":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                return invalid("amount_minor must be a non-negative integer", param=param)
-        elif field == "currency":
-            if not isinstance(value, str) or not CURRENCY.match(value):
-                return invalid("currency must be three letters", param=param)
-        else:
-            limit = DEAL_TEXT_LIMITS[field]
-            if not isinstance(value, str) or len(value) > limit or (
-                field != "owner" and not value.strip()
-            ):
-                return invalid(f"{field} must be text of 1 to {limit} characters", param=param)
+        problem = _deal_value_problem(field, value, param=f"patch[{field}]")
+        if problem:
+            return problem
     return None
 
 

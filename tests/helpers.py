@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
 
@@ -59,3 +61,22 @@ class Background:
         if "error" in self._outcome:
             raise self._outcome["error"]
         return self._outcome.get("value")
+
+
+@contextmanager
+def migrated_back_to(targets: list[tuple[str, str]]) -> Iterator[Callable]:
+    """The database at `targets` (what depends on later migrations unapplied too) for the
+    block, then every app back at its newest migration, whatever happened, for the tests
+    that follow. Yields `forward(targets)`, which migrates there and returns those apps."""
+    executor = MigrationExecutor(connection)
+
+    def forward(to: list[tuple[str, str]]):
+        executor.loader.build_graph()
+        executor.migrate(to)
+        return executor.loader.project_state(to).apps
+
+    try:
+        executor.migrate(targets)
+        yield forward
+    finally:
+        forward(executor.loader.graph.leaf_nodes())

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from approvals.models import Approval, ApprovalStatus
 from operations.engine import operation_prepare
+from tests.helpers import migrated_back_to
 
 
 @pytest.mark.django_db(transaction=True)
@@ -16,11 +15,8 @@ def test_it_says_why_it_cannot_go_back_over_a_supersede_without_successor(acme):
                       payload={**deal, "amount_minor": 4_000_000})
     assert Approval.objects.get(operation=old).status == ApprovalStatus.SUPERSEDED
 
-    executor = MigrationExecutor(connection)
-    try:
-        with pytest.raises(RuntimeError, match="1 superseded approval"):
-            executor.migrate([("approvals", "0001_initial")])
-    finally:
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
+    with pytest.raises(RuntimeError, match="1 superseded approval"), migrated_back_to(
+        [("approvals", "0001_initial")]
+    ):
+        pass
     assert Approval.objects.filter(superseded_by__isnull=True, status="superseded").count() == 1

@@ -6,6 +6,7 @@ from django.core.management import CommandError, call_command
 from operations.models import AuditEvent, TenantRole
 from operations.services import audit_event_record
 from tests.factories import UserFactory
+from tests.helpers import migrated_back_to
 
 
 @pytest.mark.django_db
@@ -70,14 +71,8 @@ def test_it_revokes_one_role_and_keeps_what_another_role_on_the_tenant_gives(acm
 
 @pytest.mark.django_db(transaction=True)
 def test_it_replays_the_audited_grants_made_before_roles_were_recorded_per_tenant():
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
-
-    before, after = [("operations", "0005_unknown_since_constraint")], [
-        ("operations", "0006_tenant_role")]
-    executor = MigrationExecutor(connection)
-    executor.migrate(before)  # also unapplies what depends on 0006 (approvals 0002)
-    try:
+    # Migrating operations back to 0005 also unapplies what depends on 0006 (approvals 0002).
+    with migrated_back_to([("operations", "0005_unknown_since_constraint")]) as forward:
         # Seeded with today's models: none of these tables changes in 0006.
         from guardian.shortcuts import assign_perm
 
@@ -99,14 +94,8 @@ def test_it_replays_the_audited_grants_made_before_roles_were_recorded_per_tenan
         audit_event_record(actor=None, action="role.revoke", tenant=tenant, object_type="user",
                            object_id="dana", before={"role": "Auditor"})
 
-        executor.loader.build_graph()
-        executor.migrate(after)
+        new = forward([("operations", "0006_tenant_role")])
 
-        new = executor.loader.project_state(after).apps
         roles = new.get_model("operations", "TenantRole").objects.values_list(
             "user__username", "tenant__slug", "role")
         assert list(roles) == [("dana", "acme", "Operator")]
-    finally:
-        # Every app back at its newest migration, for the tests that run after this one.
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())

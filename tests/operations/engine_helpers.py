@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from operations.engine import operation_authorize, operation_prepare
+from operations.engine import operation_authorize, operation_execute, operation_prepare
 from operations.models import Operation
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_77", "amount_minor": 1250000,
@@ -37,4 +37,14 @@ def make_unknown(op: Operation, *, ago: timedelta = timedelta(minutes=5)) -> Ope
         provider_calls=1,
     )
     op.refresh_from_db()
+    return op
+
+
+def async_payment(tenant, approver=None) -> Operation:
+    """Executed against the sandbox: at or above its async threshold a payment stays
+    `processing` (accepted) until settled."""
+    op = authorized_payment(tenant, approver, amount_minor=150_000_000)
+    operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == "accepted"
     return op

@@ -22,7 +22,7 @@ from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.services import sandbox_counts, sandbox_fault_set, sandbox_writes
 from operations.tasks import execute_operation, sweep_operations
 from tests.helpers import Background, wait_for
-from tests.operations.engine_helpers import authorized_payment
+from tests.operations.engine_helpers import async_payment, authorized_payment
 
 S = OperationStatus
 
@@ -267,15 +267,6 @@ def test_it_cancels_an_approval_that_expired_before_the_worker_got_to_it(
     op.refresh_from_db()
     assert op.status == S.CANCELLED
     assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
-
-
-def async_payment(acme, approver) -> Operation:
-    # At or above the sandbox's async threshold a payment stays `processing` until settled.
-    op = authorized_payment(acme, approver, amount_minor=150_000_000)
-    engine.operation_execute(operation_id=op.id)
-    op.refresh_from_db()
-    assert op.status == S.ACCEPTED
-    return op
 
 
 @pytest.mark.django_db(transaction=True)

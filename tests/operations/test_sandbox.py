@@ -220,17 +220,15 @@ def test_it_refuses_overlong_values_with_400_not_500(sandbox):
 def test_it_settles_and_tells_the_console_on_the_beat_as_a_bank_would(
     sandbox, settings, live_server, acme, approver
 ):
-    from operations import engine
     from operations.models import Operation, WebhookEvent
     from operations.sandbox.models import Message
     from operations.sandbox.tasks import sandbox_tick
-    from tests.operations.engine_helpers import authorized_payment
+    from tests.operations.engine_helpers import async_payment
 
     assert settings.CELERY_BEAT_SCHEDULE["sandbox-tick"]["task"] == "sandbox.tick"
     settings.SANDBOX_WEBHOOK_TARGET = live_server.url
     settings.SANDBOX_SETTLE_SECONDS = 10
-    op = authorized_payment(acme, approver, amount_minor=150_000_000)  # stays processing
-    engine.operation_execute(operation_id=op.id)
+    op = async_payment(acme, approver)
     mail = adapter_for("mail.send").call(snapshot(
         "mail.send", {"to": "cfo@acme.test", "template": "invoice_paid", "params": {}}))
     assert Operation.objects.get(id=op.id).status == "accepted"

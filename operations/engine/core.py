@@ -182,6 +182,11 @@ def transition(
             else execute_recheck_at(now) if to == S.NOT_STARTED
             else None
         )
+    if to in (S.SUCCEEDED, S.ACCEPTED):
+        # The effect is confirmed (or accepted): an earlier lost answer's error is no longer
+        # the operation's state, and the page must not show one beside "Succeeded". The
+        # attempt and the evidence keep that story.
+        values.update(error_code="", error_message="")
     values.update(fields or {})
     condition = Q(id=op.id, status__in=list(sources))
     if extra is not None:

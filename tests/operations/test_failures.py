@@ -269,6 +269,24 @@ def test_it_cancels_an_approval_that_expired_before_the_worker_got_to_it(
     assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
 
 
+def test_it_clears_the_lost_answers_error_once_the_lookup_finds_the_payment(
+    acme, approver, providers
+):
+    op = authorized_payment(acme, approver)
+    # Committed at the provider, then a 5xx: unknown to us until the lookup finds it.
+    sandbox_fault_set(provider="payments", kind="http_500_after_commit", match=op.id)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.error_code == "http_5xx"
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id
+    assert (op.error_code, op.error_message) == ("", "")
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert call.error_class == "http_5xx" and call.http_status == 500
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_applies_a_webhook_once_however_often_it_arrives(
     acme, approver, providers, live_server

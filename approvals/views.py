@@ -133,10 +133,14 @@ def _decided(
         # The decision views already required approve_intents on this tenant.
         card = _card(fresh, unmasked=False, can_decide=True)
         card.update(error=error, notice=notice)
-        return render(
+        response = render(
             request, "approvals/queue.html#card",
             {"card": card, "here": request.POST.get("next", "")},
         )
+        # The queue's counts refresh themselves on this event; after a refusal too, since
+        # it usually means someone else decided meanwhile.
+        response["HX-Trigger"] = "approvals-changed"
+        return response
     if error:
         messages.error(request, error)
     else:

@@ -100,6 +100,8 @@ def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     assert "••••2345" in card.inner_text()
     assert BENEFICIARY not in page.content()
 
+    counts = page.locator("#approval-counts")
+    assert "Pending: 1" in counts.inner_text()
     page.evaluate("window.__notReloaded = true")
     card.locator("textarea[name=comment]").fill("invoice matches the contract")
     with page.expect_response(lambda r: r.url.endswith(f"/{approval.id}/approve")) as answer:
@@ -108,6 +110,9 @@ def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     page.locator(f"#card-{approval.id} [data-status=approved]").wait_for()
     assert page.evaluate("window.__notReloaded === true")
     assert "invoice matches the contract" in page.locator(f"#card-{approval.id}").inner_text()
+    # The counts follow the decision at once, not at the next 15-second poll.
+    page.locator("#approval-counts", has_text="Approved (24 h): 1").wait_for(timeout=5_000)
+    assert "Pending: 0" in page.locator("#approval-counts").inner_text()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
 
     def succeeded() -> bool:

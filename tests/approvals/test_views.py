@@ -33,6 +33,7 @@ def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
     assert "••••2345" in html
     assert BENEFICIARY not in html
     assert 'hx-trigger="every 15s"' in html
+    assert 'hx-trigger="approvals-changed from:body"' in html
     assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
 
 
@@ -170,6 +171,7 @@ def test_it_approves_in_place_with_htmx(acme, approver, prepare_payment, no_exec
     assert f'id="card-{approval.id}"' in html
     assert 'data-status="approved"' in html
     assert "looks right" in html
+    assert response["HX-Trigger"] == "approvals-changed"  # the queue's counts follow
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
 
 

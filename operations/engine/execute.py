@@ -108,20 +108,22 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         if claimed != 1:
             op.refresh_from_db()
             return ExecuteReport(op.id, "lost_claim", op.status, "another worker claimed it first")
-        attempt = Attempt.objects.create(
-            operation_id=op.id,
-            number=next_attempt_number(op.id),
-            kind=AttemptKind.CALL,
-            worker=worker,
-            idempotency_key=op.idempotency_key,
-        )
+        number = next_attempt_number(op.id)
+        # The claim first, then the call it starts: the timeline orders by these times.
         Evidence.objects.create(
             operation_id=op.id,
             kind=EvidenceKind.TRANSITION,
             from_status=S.NOT_STARTED,
             to_status=S.IN_PROGRESS,
             summary=f"claimed by {worker}; calling the provider",
-            data={"attempt": attempt.number, "idempotency_key": op.idempotency_key},
+            data={"attempt": number, "idempotency_key": op.idempotency_key},
+        )
+        attempt = Attempt.objects.create(
+            operation_id=op.id,
+            number=number,
+            kind=AttemptKind.CALL,
+            worker=worker,
+            idempotency_key=op.idempotency_key,
         )
 
     # The attempt just created is the newest call: no need to read it back.

@@ -287,6 +287,21 @@ def test_it_clears_the_lost_answers_error_once_the_lookup_finds_the_payment(
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
 
 
+def test_it_shows_the_claim_before_the_call_it_started_in_the_timeline(
+    acme, approver, providers
+):
+    from operations.selectors import operation_timeline
+
+    op = authorized_payment(acme, approver)
+    engine.operation_execute(operation_id=op.id)
+    titles = [entry.title for entry in operation_timeline(op)]
+    claim = titles.index("Status transition: not_started → in_progress")
+    call = titles.index("Attempt 1: provider call → succeeded")
+    result = titles.index("Call result: in_progress → succeeded")
+    assert claim < call < result
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_applies_a_webhook_once_however_often_it_arrives(
     acme, approver, providers, live_server

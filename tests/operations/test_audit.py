@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 import pytest
 from django.db import IntegrityError, InternalError, connection, transaction
@@ -51,6 +52,29 @@ def test_it_lists_newest_first_only_for_granted_tenants(trail, auditor):
     html = client.get("/audit/").content.decode()
     assert html.index("apr_6") < html.index("apr_5") < html.index("apr_0")
     assert "apr_g" not in html
+
+
+@pytest.mark.django_db
+def test_it_shows_each_changed_field_as_old_to_new_and_links_the_object(acme, auditor):
+    audit_event_record(
+        actor=None, action="approval.approve", tenant=acme, object_type="approval",
+        object_id="apr_x", before={"status": "pending"},
+        after={"status": "approved", "operation": "op_x", "supersedes": None,
+               "permissions": ["view_tenant", "view_audit"]},
+    )
+    audit_event_record(actor=None, action="operation.prepare", tenant=acme,
+                       object_type="operation", object_id="op_x", after={"amount": 1250})
+    client = Client()
+    client.force_login(auditor)
+    html = re.sub(r"\s+", " ", client.get("/audit/").content.decode())
+    assert '<del class="old">pending</del> → <ins class="new">approved</ins>' in html
+    assert '<span class="muted">operation</span> <ins class="new">op_x</ins>' in html
+    assert '<ins class="new">—</ins>' in html  # None, not Python's repr
+    assert '<ins class="new">view_tenant, view_audit</ins>' in html
+    assert '<ins class="new">1250</ins>' in html
+    assert "{&#x27;" not in html and "None" not in html
+    assert '<a href="/approvals/apr_x/"><code>apr_x</code></a>' in html
+    assert '<a href="/operations/op_x/"><code>op_x</code></a>' in html
 
 
 @pytest.mark.django_db

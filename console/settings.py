@@ -214,6 +214,8 @@ RECONCILE_DELAY_SECONDS = _int_env("RECONCILE_DELAY_SECONDS", "5")
 ACCEPTED_RECONCILE_SECONDS = _int_env("ACCEPTED_RECONCILE_SECONDS", "120")
 # An approved operation no worker has claimed after this long is queued again.
 EXECUTE_RECHECK_SECONDS = _int_env("EXECUTE_RECHECK_SECONDS", "60")
+# Then again after as long as it has waited so far (a backoff), at most this far apart.
+EXECUTE_RECHECK_MAX_SECONDS = _int_env("EXECUTE_RECHECK_MAX_SECONDS", "900")
 # Calls the engine makes on its own for one operation (each after a lookup proved the last
 # one left nothing); past that, a person decides.
 OPERATION_MAX_AUTOMATIC_CALLS = _int_env("OPERATION_MAX_AUTOMATIC_CALLS", "5")

@@ -8,7 +8,16 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from operations.engine import core
@@ -16,7 +25,6 @@ from operations.engine.core import (
     LOOKUP_STATUS,
     S,
     accepted_recheck_at,
-    execute_recheck_at,
     lease_expired,
     logger,
     next_attempt_number,
@@ -312,6 +320,16 @@ def operations_claim_waiting_for_execute(*, limit: int = 200) -> list[str]:
     (approved, or proven absent): claimed like the reconcile queue, to be queued again. The
     execute's own claim makes a second message harmless."""
     now = timezone.now()
+    # Backoff: the next re-queue waits as long as the operation has already waited (from
+    # its approval, or from the lookup that proved absence), at least the recheck interval
+    # and at most EXECUTE_RECHECK_MAX_SECONDS. A worker outage or a long backlog then adds a
+    # handful of (harmless) duplicate messages per operation, not one every minute.
+    waiting_since = Greatest(F("status_changed_at"), F("authorized_at"))  # NULLs ignored
+    waited = ExpressionWrapper(Value(now) - waiting_since, output_field=DurationField())
+    delay = Least(
+        Greatest(waited, Value(timedelta(seconds=settings.EXECUTE_RECHECK_SECONDS))),
+        Value(timedelta(seconds=settings.EXECUTE_RECHECK_MAX_SECONDS)),
+    )
     with transaction.atomic():
         claimed = list(
             Operation.objects.filter(status=S.NOT_STARTED, next_reconcile_at__lte=now)
@@ -320,7 +338,9 @@ def operations_claim_waiting_for_execute(*, limit: int = 200) -> list[str]:
             .values_list("id", flat=True)[:limit]
         )
         Operation.objects.filter(id__in=claimed, status=S.NOT_STARTED).update(
-            next_reconcile_at=execute_recheck_at(now)
+            next_reconcile_at=ExpressionWrapper(
+                Value(now) + delay, output_field=DateTimeField()
+            )
         )
     return claimed
 

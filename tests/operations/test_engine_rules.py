@@ -12,6 +12,7 @@ from operations.engine import (
     operation_authorize,
     operation_execute,
     operation_prepare,
+    operations_claim_waiting_for_execute,
     webhook_apply,
 )
 from operations.engine.core import worker_name
@@ -303,3 +304,31 @@ def test_it_sets_the_deal_threshold_in_the_deals_own_currency(
                "owner": "dana"}
     assert policy.requires_approval(payload) is needs_approval
     assert policy.version == "crm-v3"
+
+
+@pytest.mark.django_db
+def test_it_backs_off_queueing_again_an_approved_operation_no_worker_claims(acme, settings):
+    settings.EXECUTE_RECHECK_SECONDS = 60
+    settings.EXECUTE_RECHECK_MAX_SECONDS = 900
+    op = authorized_payment(acme)
+
+    def next_wait(*, approved_ago: float, changed_ago: float | None = None) -> float:
+        now = timezone.now()
+        Operation.objects.filter(id=op.id).update(
+            authorized_at=now - timedelta(seconds=approved_ago),
+            status_changed_at=now - timedelta(seconds=changed_ago or approved_ago),
+            next_reconcile_at=now - timedelta(seconds=1),
+        )
+        assert operations_claim_waiting_for_execute() == [op.id]
+        assert operations_claim_waiting_for_execute() == []  # claimed until then
+        op.refresh_from_db()
+        return (op.next_reconcile_at - now).total_seconds()
+
+    # As long again as it has waited: queued again at 1, 2, 4, 8 minutes, ...
+    assert 60 <= next_wait(approved_ago=60) < 62
+    assert 240 <= next_wait(approved_ago=240) < 242
+    # ...never sooner than the recheck interval, never later than the cap.
+    assert 60 <= next_wait(approved_ago=10) < 62
+    assert 900 <= next_wait(approved_ago=5 * 3600) < 902
+    # Proven absent a moment ago (status changed back to not_started): waited from then.
+    assert 60 <= next_wait(approved_ago=3600, changed_ago=30) < 62

@@ -7,6 +7,7 @@ one Celery worker and Celery beat. Ctrl-C stops every child and the servers it s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import sys
 import time
 
 from console import embedded
-from console.env import BASE_DIR, VAR_DIR
+from console.env import BASE_DIR, DEVSERVER_STATE, VAR_DIR
 
 
 def _say(message: str) -> None:
@@ -88,6 +89,8 @@ def main() -> int:
         children["beat"] = _start(
             "beat", [python, "-m", "celery", "-A", "console", "beat", "--loglevel", "INFO"]
         )
+        VAR_DIR.mkdir(exist_ok=True)
+        DEVSERVER_STATE.write_text(json.dumps({"port": port, "pid": os.getpid()}))
         _say(f"console on http://127.0.0.1:{port}/ — Ctrl-C stops everything")
         failed = 0
         while not stopping:
@@ -106,6 +109,7 @@ def main() -> int:
         return exc.returncode or 1
     finally:
         _say("stopping")
+        DEVSERVER_STATE.unlink(missing_ok=True)
         _stop(children)
         if started:
             embedded.services_down(started)

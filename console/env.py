@@ -7,6 +7,7 @@ naming the variable, instead of a traceback from deep inside Django or psycopg.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ VAR_DIR = BASE_DIR / "var"
 # Written by `python -m console.embedded up`; lets every process of a checkout (web, worker,
 # beat, a management command in another terminal) find the same embedded servers.
 EMBEDDED_STATE = VAR_DIR / "embedded.json"
+# Written by `make run` while it serves: the port, so a management command in another
+# terminal reaches the sandbox providers of the running console without PORT set.
+DEVSERVER_STATE = VAR_DIR / "devserver.json"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -56,6 +60,22 @@ def _list(environ: Mapping[str, str], name: str, default: list[str]) -> list[str
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def local_web_port(environ: Mapping[str, str]) -> str:
+    """The port this checkout's console serves on: PORT, else the one a running `make run`
+    recorded, else 8000. A record left by a `make run` that is gone is ignored."""
+    if environ.get("PORT"):
+        return environ["PORT"]
+    try:
+        state = json.loads(DEVSERVER_STATE.read_text())
+        port = str(int(state["port"]))
+        os.kill(int(state["pid"]), 0)
+    except PermissionError:
+        return port  # alive, under another user
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return "8000"
+    return port
 
 
 def _embedded_state() -> dict[str, str]:

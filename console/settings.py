@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from csp.constants import NONE, SELF
 
-from console.env import BASE_DIR, VAR_DIR, ConfigError, read_config
+from console.env import BASE_DIR, VAR_DIR, ConfigError, local_web_port, read_config
 
 CONFIG = read_config(os.environ)
 
@@ -238,7 +238,7 @@ DEMO_PASSWORD = os.environ.get("DEMO_PASSWORD", "")
 # Providers. The defaults point at the project's own sandbox providers so that a fresh checkout
 # demos end to end; a real deployment sets *_API_BASE to a Stripe-compatible endpoint etc.
 # A /sandbox/ base with DEBUG off is allowed on purpose: that is a demo deployment.
-_SANDBOX_BASE = f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}/sandbox"
+_SANDBOX_BASE = f"http://127.0.0.1:{local_web_port(os.environ)}/sandbox"
 
 
 def _is_sandbox(base: str) -> bool:
@@ -291,7 +291,7 @@ SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
 # were accepted; its webhooks go to this console.
 SANDBOX_SETTLE_SECONDS = _float_env("SANDBOX_SETTLE_SECONDS", "20")
 SANDBOX_WEBHOOK_TARGET = os.environ.get(
-    "SANDBOX_WEBHOOK_TARGET", f"http://127.0.0.1:{os.environ.get('PORT') or '8000'}"
+    "SANDBOX_WEBHOOK_TARGET", f"http://127.0.0.1:{local_web_port(os.environ)}"
 )
 for _name, _base in (("PAYMENTS_API_BASE", PAYMENTS_API_BASE), ("CRM_API_BASE", CRM_API_BASE),
                      ("MAIL_API_BASE", MAIL_API_BASE)):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +122,20 @@ def test_it_creates_the_folder_of_beats_schedule_file(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(schedule)
     assert schedule.parent.is_dir()
+
+
+def test_it_finds_the_port_of_the_running_make_run_for_a_second_terminal(tmp_path, monkeypatch):
+    from console import env
+
+    state = tmp_path / "devserver.json"
+    monkeypatch.setattr(env, "DEVSERVER_STATE", state)
+    assert env.local_web_port({}) == "8000"  # nothing running
+    state.write_text(json.dumps({"port": "8001", "pid": os.getpid()}))
+    assert env.local_web_port({}) == "8001"
+    assert env.local_web_port({"PORT": "8002"}) == "8002"  # the variable wins
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    state.write_text(json.dumps({"port": "8001", "pid": int(gone.stdout)}))
+    assert env.local_web_port({}) == "8000"  # left behind by a `make run` that is gone
+    state.write_text("{")
+    assert env.local_web_port({}) == "8000"

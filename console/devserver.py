@@ -53,6 +53,16 @@ def _stop(children: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
+def _forget_port() -> None:
+    # Only our own record: a second `make run` that failed (its port taken) must not take
+    # away the first one's.
+    try:
+        if json.loads(DEVSERVER_STATE.read_text()).get("pid") == os.getpid():
+            DEVSERVER_STATE.unlink()
+    except (OSError, ValueError):
+        pass
+
+
 def main() -> int:
     port = os.environ.get("PORT", "8000")
     started: list[str] = []
@@ -109,7 +119,7 @@ def main() -> int:
         return exc.returncode or 1
     finally:
         _say("stopping")
-        DEVSERVER_STATE.unlink(missing_ok=True)
+        _forget_port()
         _stop(children)
         if started:
             embedded.services_down(started)

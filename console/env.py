@@ -69,11 +69,14 @@ def local_web_port(environ: Mapping[str, str]) -> str:
         return environ["PORT"]
     try:
         state = json.loads(DEVSERVER_STATE.read_text())
-        port = str(int(state["port"]))
-        os.kill(int(state["pid"]), 0)
+        port, pid = str(int(state["port"])), int(state["pid"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return "8000"
+    try:
+        os.kill(pid, 0)
     except PermissionError:
         return port  # alive, under another user
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except OSError:
         return "8000"
     return port
 

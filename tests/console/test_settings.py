@@ -139,3 +139,10 @@ def test_it_finds_the_port_of_the_running_make_run_for_a_second_terminal(tmp_pat
     assert env.local_web_port({}) == "8000"  # left behind by a `make run` that is gone
     state.write_text("{")
     assert env.local_web_port({}) == "8000"
+
+    class Unreadable:  # written by another user under a strict umask
+        def read_text(self) -> str:
+            raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(env, "DEVSERVER_STATE", Unreadable())
+    assert env.local_web_port({}) == "8000"  # not a crash at settings import

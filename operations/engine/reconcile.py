@@ -17,7 +17,7 @@ from django.db.models import (
     QuerySet,
     Value,
 )
-from django.db.models.functions import Greatest, Least
+from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from operations.engine import core
@@ -324,11 +324,19 @@ def operations_claim_waiting_for_execute(*, limit: int = 200) -> list[str]:
     # its approval, or from the lookup that proved absence), at least the recheck interval
     # and at most EXECUTE_RECHECK_MAX_SECONDS. A worker outage or a long backlog then adds a
     # handful of (harmless) duplicate messages per operation, not one every minute.
+    # Never more than half the authorization's remaining time, though: a message lost late
+    # in the window must still get another chance before the approval runs out.
+    minimum = Value(timedelta(seconds=settings.EXECUTE_RECHECK_SECONDS))
+    maximum = Value(timedelta(seconds=settings.EXECUTE_RECHECK_MAX_SECONDS))
     waiting_since = Greatest(F("status_changed_at"), F("authorized_at"))  # NULLs ignored
     waited = ExpressionWrapper(Value(now) - waiting_since, output_field=DurationField())
+    half_left = ExpressionWrapper(
+        (F("authorization_expires_at") - Value(now)) / 2, output_field=DurationField()
+    )
     delay = Least(
-        Greatest(waited, Value(timedelta(seconds=settings.EXECUTE_RECHECK_SECONDS))),
-        Value(timedelta(seconds=settings.EXECUTE_RECHECK_MAX_SECONDS)),
+        Greatest(waited, minimum),
+        maximum,
+        Greatest(Coalesce(half_left, maximum), minimum),
     )
     with transaction.atomic():
         claimed = list(

@@ -312,10 +312,13 @@ def test_it_backs_off_queueing_again_an_approved_operation_no_worker_claims(acme
     settings.EXECUTE_RECHECK_MAX_SECONDS = 900
     op = authorized_payment(acme)
 
-    def next_wait(*, approved_ago: float, changed_ago: float | None = None) -> float:
+    def next_wait(
+        *, approved_ago: float, changed_ago: float | None = None, expires_in: float = 86400
+    ) -> float:
         now = timezone.now()
         Operation.objects.filter(id=op.id).update(
             authorized_at=now - timedelta(seconds=approved_ago),
+            authorization_expires_at=now + timedelta(seconds=expires_in),
             status_changed_at=now - timedelta(seconds=changed_ago or approved_ago),
             next_reconcile_at=now - timedelta(seconds=1),
         )
@@ -332,3 +335,7 @@ def test_it_backs_off_queueing_again_an_approved_operation_no_worker_claims(acme
     assert 900 <= next_wait(approved_ago=5 * 3600) < 902
     # Proven absent a moment ago (status changed back to not_started): waited from then.
     assert 60 <= next_wait(approved_ago=3600, changed_ago=30) < 62
+    # Late in a 15-minute approval: half the time left, so a lost message still gets
+    # another try before it runs out (not at 960 s, after the approval expired).
+    assert 209 <= next_wait(approved_ago=480, expires_in=420) < 211
+    assert 60 <= next_wait(approved_ago=855, expires_in=45) < 62

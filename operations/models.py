@@ -398,6 +398,14 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["operation", "number"]
+        indexes = [
+            # The dashboard's count of version conflicts: rare rows, read on every visit.
+            models.Index(
+                fields=["operation"],
+                condition=models.Q(error_class="version_conflict"),
+                name="attempt_version_conflict",
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["operation", "number"], name="attempt_number"),
             models.CheckConstraint(

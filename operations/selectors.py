@@ -14,6 +14,8 @@ from guardian.shortcuts import get_objects_for_user
 
 from operations import transitions
 from operations.models import (
+    Attempt,
+    AttemptKind,
     AuditEvent,
     Evidence,
     EvidenceKind,
@@ -118,7 +120,12 @@ def dashboard_metrics(user) -> dict:
         "unknown_oldest_since": oldest_unknown,
         "reconcile_p50": p50,
         "reconcile_p95": p95,
-        "version_conflicts": ops.filter(error_code="version_conflict").count(),
+        # From the calls that met one: the operation's own error is cleared when a person
+        # later settles it, and the conflict still happened.
+        "version_conflicts": Attempt.objects.filter(
+            operation__tenant_id__in=tenant_ids, kind=AttemptKind.CALL,
+            error_class="version_conflict",
+        ).values("operation_id").distinct().count(),
         # Resolutions only: a dispute (also a person's evidence) puts an effect on hold.
         "manual_resolutions": Evidence.objects.filter(
             operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,

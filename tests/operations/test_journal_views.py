@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from operations.engine import operation_prepare
-from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
+from operations.models import Attempt, AuditEvent, Evidence, EvidenceKind, Operation
 from tests.helpers import signed_in
 from tests.operations.engine_helpers import make_unknown, prepared_payment
 
@@ -312,12 +312,19 @@ def test_it_measures_reconcile_time_and_resolutions_over_findings_of_visible_ten
     operation_resolve(operation_id=elsewhere.id, actor=other_tenant_user, outcome="failed",
                       evidence_text="refused", reason="checked")
     conflict = prepared_payment(acme, invoice_id="inv_c")
-    Operation.objects.filter(id=conflict.id).update(error_code="version_conflict")
+    Operation.objects.filter(id=conflict.id).update(
+        status="failed", error_code="version_conflict", provider_calls=1)
+    Attempt.objects.create(operation=conflict, number=1, kind="call", outcome="failed",
+                           http_status=409, error_class="version_conflict")
+    # A person settles it later; the conflict still counts.
+    operation_dispute(operation_id=conflict.id, actor=operator, reason="checking the deal")
+    operation_resolve(operation_id=conflict.id, actor=operator, outcome="succeeded",
+                      evidence_text="the CRM shows our change", reason="checked")
 
     metrics = signed_in(operator).get("/").context["metrics"]
 
-    # Only the acme resolution: the dispute is a hold, globex is not visible.
+    # The acme resolutions only: the dispute is a hold, globex is not visible.
     assert 590 < metrics["reconcile_p50"] < 620 and 590 < metrics["reconcile_p95"] < 620
-    assert metrics["manual_resolutions"] == 1
+    assert metrics["manual_resolutions"] == 2
     assert metrics["version_conflicts"] == 1
     assert metrics["unknown_count"] == 0 and metrics["total"] == 3

@@ -19,7 +19,7 @@ from approvals.selectors import (
     approvals_queue_page,
 )
 from approvals.services import ApprovalRefused, approval_approve, approval_reject
-from operations.htmx import page_render, page_unmasking
+from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
 from operations.selectors import tenants_for_user
@@ -112,7 +112,7 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
         )
     context = {"card": card, "history": history, "here": request.get_full_path()}
     template = "approvals/queue.html#card" if request.htmx else "approvals/detail.html"
-    return render(request, template, context)
+    return unmasked_never_cached(render(request, template, context), unmasked=unmasked)
 
 
 def _next_url(request: HttpRequest, approval: Approval) -> str:

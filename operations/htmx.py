@@ -6,7 +6,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.utils.cache import patch_vary_headers
+from django.utils.cache import add_never_cache_headers, patch_vary_headers
 
 from operations.models import Tenant
 from operations.services import audit_event_record
@@ -37,3 +37,11 @@ def page_unmasking(
         audit_event_record(actor=request.user, action=action, tenant=tenant,
                            object_type=object_type, object_id=object_id, **audit)
     return unmasked, may_unmask
+
+
+def unmasked_never_cached(response: HttpResponse, *, unmasked: bool) -> HttpResponse:
+    """An unmasked page is shown once and audited once: neither the browser (Back, its disk
+    cache) nor a proxy may show it again."""
+    if unmasked:
+        add_never_cache_headers(response)
+    return response

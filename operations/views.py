@@ -22,7 +22,7 @@ from operations.engine import (
     reconcile_applies,
 )
 from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
-from operations.htmx import page_render, page_unmasking
+from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus
 from operations.selectors import (
@@ -114,7 +114,7 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     )
     context = _page_context(request, op, unmasked=unmasked)
     context["may_unmask"] = may_unmask
-    return render(request, DETAIL, context)
+    return unmasked_never_cached(render(request, DETAIL, context), unmasked=unmasked)
 
 
 def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **panel: Any) -> dict:

@@ -49,8 +49,12 @@ def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
     htmx = client.get(url + "?unmasked=1", HTTP_HX_REQUEST="true")
     assert BENEFICIARY not in htmx.content.decode()
     assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
-    html = client.get(url + "?unmasked=1").content
+    masked = client.get(url)
+    assert "no-store" not in masked.get("Cache-Control", "")
+    response = client.get(url + "?unmasked=1")
+    html = response.content
     assert BENEFICIARY in html.decode()
+    assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"]
     event = AuditEvent.objects.get(action="approval.view_unmasked")
     assert event.actor == admin_user
     assert event.after["approvals"] == [approval.id]

@@ -204,8 +204,10 @@ def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admi
     html = client.get(f"/operations/{pay.id}/").content.decode()
     assert "40817810099910004312" not in html and "Show unmasked values" in html
     assert not AuditEvent.objects.filter(action="operation.view_unmasked").exists()
-    assert "40817810099910004312" in client.get(
-        f"/operations/{pay.id}/?unmasked=1").content.decode()
+    unmasked = client.get(f"/operations/{pay.id}/?unmasked=1")
+    assert "40817810099910004312" in unmasked.content.decode()
+    # Shown once, audited once: not kept for Back or a proxy to show again.
+    assert "no-store" in unmasked["Cache-Control"] and "private" in unmasked["Cache-Control"]
     assert "jane.doe@example.com" in client.get(
         f"/operations/{mail.id}/?unmasked=1").content.decode()
     events = AuditEvent.objects.filter(action="operation.view_unmasked").order_by("id")

@@ -33,7 +33,7 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
     # A correlated count, evaluated only for the rows of the page: a joined Count would make
     # PostgreSQL group every matching run before the keyset LIMIT could stop it.
     operation_count = (
-        Operation.objects.filter(run=OuterRef("pk"))
+        Operation.objects.filter(run=OuterRef("pk"), tenant=OuterRef("tenant"))
         .order_by()
         .values("run")
         .annotate(n=Count("id"))
@@ -86,4 +86,5 @@ def run_checkpoints(run: Run) -> list[Checkpoint]:
 
 
 def run_operations(run: Run) -> list[Operation]:
-    return list(run.operations.order_by("id"))
+    # The run's tenant only, as everywhere on these pages (prepare refuses a mix anyway).
+    return list(run.operations.filter(tenant_id=run.tenant_id).order_by("id"))

@@ -51,6 +51,12 @@ def operation_prepare(
     say which operation it supersedes.
     """
     payload = intent_validate(action=action, payload=payload)
+    # Lineage never crosses tenants: a run's page lists its operations, and must never show
+    # another tenant's there.
+    if run is not None and run.tenant_id != tenant.id:
+        raise IntentError(f"run {run.id} belongs to another tenant")
+    if checkpoint is not None and (run is None or checkpoint.run_id != run.id):
+        raise IntentError(f"checkpoint {checkpoint.id} is not a checkpoint of the given run")
     limit = Operation._meta.get_field("command_id").max_length
     if len(command_id) > limit:
         # The caller's mistake, said as one: not a database error deep in the insert.

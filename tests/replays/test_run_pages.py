@@ -85,3 +85,28 @@ def test_it_groups_runs_by_conversation(lineage, approver):
 def test_it_refuses_posts_on_the_read_only_pages(lineage, approver):
     original, *_ = lineage
     assert signed_in(approver).post(f"/runs/{original.id}/").status_code == 405
+
+
+@pytest.mark.django_db
+def test_it_refuses_lineage_across_tenants_and_never_lists_another_tenants_effect(
+    lineage, globex, auditor
+):
+    from operations.intents import IntentError
+
+    original, branch, cp, op = lineage
+    with pytest.raises(IntentError, match="another tenant"):
+        operation_prepare(tenant=globex, action="payments.create", payload=PAYMENT,
+                          run=original, command_id="cmd_pay_g")
+    with pytest.raises(IntentError, match="not a checkpoint of the given run"):
+        operation_prepare(tenant=op.tenant, action="payments.create", payload=PAYMENT,
+                          run=branch, checkpoint=cp, command_id="cmd_pay_b")
+    # A row that got there anyway (by hand, or before the check) stays off the run's page.
+    stray = operation_prepare(tenant=globex, action="payments.create",
+                              payload={**PAYMENT, "invoice_id": "inv_GLOBEX"})
+    stray.pk, stray.idempotency_key, stray.run = "op_STRAY", "ik_stray", original
+    stray.save(force_insert=True)  # the intent (its run included) is immutable once written
+    client = signed_in(auditor)
+    html = client.get(f"/runs/{original.id}/").content.decode()
+    assert op.id in html and stray.id not in html and "inv_GLOBEX" not in html
+    runs = client.get("/runs/").context["runs"]
+    assert {run.id: run.operation_count for run in runs}[original.id] == 1

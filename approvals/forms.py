@@ -3,6 +3,7 @@ from __future__ import annotations
 from django import forms
 
 from approvals.selectors import QueueFilters
+from operations.forms import refuse_secrets_in_text
 from operations.models import Action
 
 
@@ -26,11 +27,13 @@ class QueueFilterForm(forms.Form):
 
 
 class ApproveForm(forms.Form):
-    comment = forms.CharField(required=False, widget=forms.Textarea, max_length=2000)
+    comment = forms.CharField(required=False, widget=forms.Textarea, max_length=2000,
+                              validators=[refuse_secrets_in_text])
 
 
 class RejectForm(forms.Form):
     reason = forms.CharField(
         required=True, widget=forms.Textarea, max_length=2000,
         error_messages={"required": "A rejection needs a reason."},
+        validators=[refuse_secrets_in_text],
     )

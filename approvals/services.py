@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
 from operations.engine import AuthorizationRefused, operation_authorize, operation_cancel
+from operations.intents import secret_in_text
 from operations.models import Operation, Tenant
 from operations.policy import policy_for, policy_version_current
 from operations.selectors import tenants_for_user
@@ -154,10 +155,21 @@ def _refuse_unless_decidable(approval: Approval, actor, *, now: datetime) -> Non
         )
 
 
+def _refuse_secrets_in(text: str, *, what: str, verb: str) -> None:
+    # A decision's words go to the approval, the journal and the audit trail, which every
+    # viewer of the tenant reads.
+    problem = secret_in_text(text)
+    if problem:
+        raise ApprovalRefused(
+            f"The {what} looks like {problem}. Nothing was {verb}.", code="secret_in_text"
+        )
+
+
 def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
     """Approve exactly the intent this approval was bound to, and enqueue its execution."""
     comment = comment.strip()
     try:
+        _refuse_secrets_in(comment, what="comment", verb="approved")
         with transaction.atomic():
             approval = _locked(approval_id)
             op = approval.operation
@@ -221,6 +233,7 @@ def approval_reject(*, approval_id: str, actor, reason: str) -> Approval:
     """Reject the intent with a reason; its operation is cancelled and never runs."""
     reason = reason.strip()
     try:
+        _refuse_secrets_in(reason, what="reason", verb="rejected")
         with transaction.atomic():
             approval = _locked(approval_id)
             op = approval.operation

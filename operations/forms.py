@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from django import forms
 
+from operations.intents import secret_in_text
 from operations.models import Action, OperationStatus
 from operations.selectors import OperationFilters
 
@@ -44,11 +45,19 @@ class OperationFilterForm(forms.Form):
         )
 
 
+def refuse_secrets_in_text(value: str) -> None:
+    """For every field a person types into the journal: no card numbers, no secrets."""
+    problem = secret_in_text(value)
+    if problem:
+        raise forms.ValidationError(f"This looks like {problem}.")
+
+
 class ReasonForm(forms.Form):
     reason = forms.CharField(
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Why; written to the audit trail.",
+        validators=[refuse_secrets_in_text],
     )
 
     def clean_reason(self) -> str:
@@ -70,9 +79,11 @@ class ResolveForm(ReasonForm):
         widget=forms.Textarea(attrs={"rows": 2}),
         label="Evidence",
         help_text="What you verified at the provider, and where.",
+        validators=[refuse_secrets_in_text],
     )
     provider_reference = forms.CharField(
-        required=False, max_length=120, label="Provider reference (optional)"
+        required=False, max_length=120, label="Provider reference (optional)",
+        validators=[refuse_secrets_in_text],
     )
 
     field_order = ["outcome", "evidence", "provider_reference", "reason"]

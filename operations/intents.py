@@ -157,6 +157,17 @@ def _refuse_secrets(value: Any, path: str) -> None:
                 raise IntentError(f"{path}: looks like {what}; secrets never enter the journal")
 
 
+def secret_in_text(text: str) -> str:
+    """What a person's own words (a reason, evidence, a comment) must not carry into the
+    journal and the audit trail, which every viewer reads: "" when clean."""
+    if _holds_card_number(text):
+        return "a full card number; write only its last four digits"
+    for pattern, what in _SECRET_VALUES:
+        if pattern.search(text):
+            return f"{what}; secrets never enter the journal"
+    return ""
+
+
 def _plain_json(value: Any, path: str) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SAFE_INTEGER:
         raise IntentError(f"{path}: integers must be within ±{_MAX_SAFE_INTEGER}")

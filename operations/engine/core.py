@@ -16,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from operations import transitions
+from operations.intents import secret_in_text
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -246,6 +247,16 @@ LOOKUP_STATUS = {
     CallOutcome.ACCEPTED: S.ACCEPTED,
     CallOutcome.FAILED: S.FAILED,
 }
+
+
+def person_text_check(**texts: str) -> None:
+    """A person's words go to the journal and the audit trail, which every viewer of the
+    tenant reads: refused when they carry a card number or a secret (the forms say so
+    first; this holds for every other caller)."""
+    for name, text in texts.items():
+        problem = secret_in_text(text)
+        if problem:
+            raise TransitionRefused(f"{name}: looks like {problem}")
 
 
 def require_perm(actor, perm: str, op: Operation) -> None:

@@ -11,6 +11,7 @@ from operations import transitions
 from operations.engine.core import (
     S,
     TransitionRefused,
+    person_text_check,
     require_perm,
     transition,
 )
@@ -34,6 +35,8 @@ def operation_resolve(
         raise TransitionRefused("resolve as succeeded or failed")
     if not reason.strip() or not (evidence_text.strip() or provider_reference.strip()):
         raise TransitionRefused("a reason and evidence (text or provider reference) are required")
+    person_text_check(evidence=evidence_text, provider_reference=provider_reference,
+                      reason=reason)
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     require_perm(actor, "operate_operations", op)
     fields: dict[str, Any] = {"resolved_manually": True}
@@ -69,6 +72,7 @@ def operation_dispute(*, operation_id: str, actor, reason: str) -> Operation:
     """Put an operation on hold: no webhook or lookup moves it until a person resolves it."""
     if not reason.strip():
         raise TransitionRefused("a reason is required")
+    person_text_check(reason=reason)
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     require_perm(actor, "operate_operations", op)
     sources = transitions.sources(S.DISPUTED, manual=True)

@@ -29,6 +29,7 @@ from operations.engine.core import (
     logger,
     next_attempt_number,
     outcome_open,
+    person_text_check,
     require_perm,
     snapshot,
     transition,
@@ -85,6 +86,8 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
     to not_started (only where the contract makes a new call safe); anything ambiguous stays
     unknown, with what was found, for a person.
     """
+    if actor is not None:
+        person_text_check(reason=reason)
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     if actor is not None:
         require_perm(actor, "operate_operations", op)

@@ -236,6 +236,28 @@ def test_it_refuses_a_decision_whose_text_is_too_long_and_says_why(acme, approve
     assert AuditEvent.objects.count() == audit_rows
 
 
+def test_it_keeps_a_card_number_in_a_decision_out_of_the_trail(acme, approver,
+                                                              prepare_payment, no_execute):
+    from approvals.services import ApprovalRefused, approval_reject
+
+    approval = prepare_payment(acme)
+    client = signed_in(approver)
+    approve = client.post(_approve_url(approval), {"comment": "card 4111 1111 1111 1111"},
+                          HTTP_HX_REQUEST="true").content.decode()
+    reject = client.post(reverse("approvals:reject", args=[approval.id]),
+                         {"reason": "paid by 4111-1111-1111-1111"},
+                         HTTP_HX_REQUEST="true").content.decode()
+    assert "Comment: This looks like a full card number" in approve
+    assert "Reason: This looks like a full card number" in reject
+    # Any other caller of the service is refused the same way.
+    with pytest.raises(ApprovalRefused, match="looks like a full card number"):
+        approval_reject(approval_id=approval.id, actor=approver,
+                        reason="4111111111111111")
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    assert not AuditEvent.objects.filter(reason__contains="4111").exists()
+    assert "4111" not in str(list(AuditEvent.objects.values_list("after", flat=True)))
+
+
 def test_it_answers_403_to_an_auditor_posting_a_decision(acme, auditor, prepare_payment):
     approval = prepare_payment(acme)
     client = signed_in(auditor)

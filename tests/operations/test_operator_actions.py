@@ -119,6 +119,49 @@ def test_it_requires_a_reason_and_evidence_to_resolve(acme_unknown, operator, mi
     assert _audits(op, "operation.resolve_succeeded") == 0
 
 
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "field"), [
+    ("resolve", "resolve-evidence"), ("resolve", "resolve-reason"),
+    ("resolve", "resolve-provider_reference"), ("dispute", "dispute-reason"),
+    ("reconcile", "reconcile-reason"),
+])
+def test_it_keeps_card_numbers_an_operator_types_out_of_the_journal(
+    acme_unknown, operator, path, field
+):
+    op = acme_unknown
+    form = RESOLVE if path == "resolve" else {f"{path}-reason": "checked"}
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/{path}", {**form, field: f"refunded to card {CARD}"}
+    )
+    assert response.status_code == 400
+    assert "looks like a full card number" in response.content.decode()
+    op.refresh_from_db()
+    assert op.status == "unknown" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op, summary__contains="4111").exists()
+    assert not AuditEvent.objects.filter(object_id=op.id, reason__contains="4111").exists()
+    assert not Attempt.objects.filter(operation=op).exists()  # no lookup was made either
+
+
+@pytest.mark.django_db
+def test_it_refuses_card_numbers_from_any_caller_of_the_services(acme_unknown, operator):
+    from operations.engine import TransitionRefused, operation_reconcile, operation_resolve
+
+    op = acme_unknown
+    with pytest.raises(TransitionRefused, match="evidence: looks like a full card number"):
+        operation_resolve(operation_id=op.id, actor=operator, outcome="failed",
+                          evidence_text=f"card {CARD}", reason="checked")
+    with pytest.raises(TransitionRefused, match="reason: looks like a full card number"):
+        operation_dispute(operation_id=op.id, actor=operator, reason=f"card {CARD}")
+    with pytest.raises(TransitionRefused, match="reason: looks like"):
+        operation_reconcile(operation_id=op.id, actor=operator,
+                            reason="key sk_live_abcdefgh12345678")
+    op.refresh_from_db()
+    assert op.status == "unknown" and not Evidence.objects.filter(operation=op).exists()
+
+
 @pytest.mark.django_db
 def test_it_requires_a_reason_to_dispute(acme_unknown, operator):
     op = acme_unknown

@@ -29,12 +29,16 @@ class Field:
     name: str
     kind: type | tuple[type, ...]
     label: str
-    mask: str = ""  # "", "email", "digits", "params", "patch"
+    mask: str = ""  # "", "email", "digits", "params", "patch", "inline"
     minimum: int | None = None
 
 
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
+# digits there (an account or phone number): masked where they stand.
+_EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[A-Za-z]{2,}")
+_EMBEDDED_DIGITS = re.compile(r"\d(?:[\d \-.]*\d)?")
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     Action.PAYMENTS_CREATE: (
@@ -44,7 +48,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("currency", str, "Currency"),
     ),
     Action.CRM_CREATE_DEAL: (
-        Field("name", str, "Deal name"),
+        Field("name", str, "Deal name", mask="inline"),
         Field("amount_minor", int, "Amount", minimum=0),
         Field("currency", str, "Currency"),
         Field("owner", str, "Owner", mask="email"),
@@ -305,7 +309,19 @@ def mask_text(value: str) -> str:
     return value[:1] + "***" + value[-1:]
 
 
+def mask_inline(text: str) -> str:
+    """Text a person must read (a deal's name), with what is personal in it masked."""
+    text = _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
+    return _EMBEDDED_DIGITS.sub(
+        lambda m: mask_digits(m.group()) if sum(c.isdigit() for c in m.group()) >= 6
+        else m.group(),
+        text,
+    )
+
+
 def _mask_value(value: Any, how: str) -> str:
+    if how == "inline":
+        return mask_inline(str(value))
     if how == "email":
         return mask_email(str(value)) if _EMAIL.match(str(value)) else mask_text(str(value))
     if how == "digits":
@@ -313,7 +329,8 @@ def _mask_value(value: Any, how: str) -> str:
     if how == "params":
         if isinstance(value, Mapping):
             return ", ".join(
-                f"{k}: {_mask_nested(v, mask_plain_text=True)}" for k, v in sorted(value.items())
+                f"{_mask_key(k)}: {_mask_nested(v, mask_plain_text=True)}"
+                for k, v in sorted(value.items())
             )
         return mask_text(str(value))
     if how == "patch":
@@ -326,12 +343,15 @@ def _mask_nested(value: Any, *, mask_plain_text: bool) -> str:
     where it is free text about a person (template parameters), and kept where it is what
     the approver must read (the fields a deal change moves)."""
     if isinstance(value, Mapping):
-        inner = (f"{k}: {_mask_nested(v, mask_plain_text=mask_plain_text)}"
+        inner = (f"{_mask_key(k)}: {_mask_nested(v, mask_plain_text=mask_plain_text)}"
                  for k, v in sorted(value.items()))
         return "{" + ", ".join(inner) + "}"
     if isinstance(value, list):
         inner = (_mask_nested(v, mask_plain_text=mask_plain_text) for v in value)
         return "[" + ", ".join(inner) + "]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        # An account or phone number sent as a JSON number is still one.
+        return mask_digits(str(value))
     if isinstance(value, str):
         if _EMAIL.match(value):
             return mask_email(value)
@@ -339,7 +359,12 @@ def _mask_nested(value: Any, *, mask_plain_text: bool) -> str:
             return mask_digits(value)
         if mask_plain_text:
             return mask_text(value)
+        return mask_inline(value)
     return str(value)
+
+
+def _mask_key(key: str) -> str:
+    return mask_email(key) if _EMAIL.match(key) else key
 
 
 def _mask_patch(value: Mapping[str, Any]) -> str:
@@ -347,11 +372,15 @@ def _mask_patch(value: Mapping[str, Any]) -> str:
     personal: a field the deal schema masks (the owner's email), and anything that looks
     like an email address or an account number wherever it sits."""
     masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
-    return ", ".join(
-        f"{k} → "
-        + (_mask_value(v, masks[k]) if masks.get(k) else _mask_nested(v, mask_plain_text=False))
-        for k, v in sorted(value.items())
-    )
+
+    def shown(name: str, moved: Any) -> str:
+        if name in _TYPED_NUMBERS and isinstance(moved, int):
+            return str(moved)  # the amount is what the approver must see move
+        if masks.get(name):
+            return _mask_value(moved, masks[name])
+        return _mask_nested(moved, mask_plain_text=False)
+
+    return ", ".join(f"{_mask_key(k)} → {shown(k, v)}" for k, v in sorted(value.items()))
 
 
 def _display(value: Any) -> str:
@@ -397,7 +426,10 @@ def intent_summary(*, action: str, payload: Mapping[str, Any]) -> str:
             f"{mask_digits(p['beneficiary_id'])} for invoice {p['invoice_id']}"
         )
     if action == Action.CRM_CREATE_DEAL:
-        return f"Create deal “{p['name']}” worth {money_format(p['amount_minor'], p['currency'])}"
+        return (
+            f"Create deal “{mask_inline(p['name'])}” worth "
+            f"{money_format(p['amount_minor'], p['currency'])}"
+        )
     if action == Action.CRM_UPDATE_DEAL:
         return (
             f"Change deal {p['target']} (version {p['expected_version']}): "

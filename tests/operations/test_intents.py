@@ -161,6 +161,30 @@ def test_it_masks_what_is_personal_inside_a_deal_change_and_nested_mail_params()
     assert "a***@example.com" in shown and "••••0199" in shown
 
 
+def test_it_masks_numbers_email_keys_and_addresses_inside_text():
+    mail = {"to": "cfo@acme.test", "template": "welcome",
+            "params": {"account": 40817810099911, "phone": 77011234567, "count": 3,
+                       "jane.doe@example.com": "hi"}}
+    shown = {r.name: r.value for r in intent_rows(action="mail.send", payload=mail)}["params"]
+    for secret in ("40817810099911", "77011234567", "jane.doe@example.com"):
+        assert secret not in shown
+    assert "account: ••••9911" in shown and "count: 3" in shown and "j***@example.com" in shown
+
+    deal = {"name": "Renewal for jane.doe@example.com, acct 40817810099911 (Q3 2026)",
+            "amount_minor": 1500000, "currency": "EUR", "owner": "sam@acme.test"}
+    expected = "Renewal for j***@example.com, acct ••••9911 (Q3 2026)"
+    rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
+    assert rows["name"] == expected
+    assert expected in intent_summary(action="crm.create_deal", payload=deal)
+
+    change = {"target": "deal_77", "expected_version": 3,
+              "patch": {"amount_minor": 2500000, "name": "Call jane.doe@example.com"}}
+    summary = intent_summary(action="crm.update_deal", payload=change)
+    # The amount that moves stays whole for the approver; the address in the name does not.
+    assert "amount_minor → 2500000" in summary
+    assert "name → Call j***@example.com" in summary
+
+
 def test_it_flags_a_change_hidden_by_the_mask():
     new = {**PAYMENT, "beneficiary_id": "vendor_990012345"}  # same last four as the old one
     diff = intent_diff(action="payments.create", old_payload=PAYMENT, new_payload=new)

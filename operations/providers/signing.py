@@ -112,10 +112,15 @@ def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
     if not isinstance(obj, dict):
         raise WebhookSignatureError(f"signed body is not a {what} event")
     created = event.get("created")
+    try:
+        created_at = None if created is None else datetime.fromtimestamp(int(created), tz=UTC)
+    except (ValueError, TypeError, OverflowError, OSError):
+        # Answered 400, not 500: a provider retries a 5xx for days.
+        raise WebhookSignatureError(f"signed {what} event has no valid 'created' time") from None
     return SignedEvent(
         id=event_id,
         type=str(event.get("type", "")),
         object=obj,
-        created_at=datetime.fromtimestamp(int(created), tz=UTC) if created else None,
+        created_at=created_at,
         body=event,
     )

@@ -395,6 +395,23 @@ def test_it_rejects_a_webhook_with_a_bad_signature_and_stores_nothing(
     assert Attempt.objects.filter(operation=op).count() == 1
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("created", [{}, [1], "soon", 10**30])
+def test_it_answers_400_to_a_signed_event_with_a_malformed_time(client, settings, created):
+    from operations.providers.signing import stripe_signature_header
+
+    body = json.dumps({"id": "evt_odd", "type": "payment_intent.succeeded", "created": created,
+                       "data": {"object": {"id": "pi_1", "status": "succeeded",
+                                           "metadata": {"operation_id": "op_1"}}}}).encode()
+    response = client.post(
+        "/webhooks/payments/", data=body, content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=stripe_signature_header(
+            secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body),
+    )
+    assert response.status_code == 400
+    assert WebhookEvent.objects.count() == 0
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_makes_one_deal_when_a_timed_out_create_lands_after_the_retry(acme, providers):
     op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={

@@ -34,6 +34,7 @@ def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
     assert BENEFICIARY not in html
     assert 'hx-trigger="every 15s"' in html
     assert 'hx-trigger="approvals-changed from:body"' in html
+    assert "{#" not in html and "Refreshed on its own" not in html  # comments stay comments
     assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
 
 

@@ -149,3 +149,24 @@ def test_it_shows_a_superseded_intents_diff(
     assert old_card.get_by_role("button", name="Approve").count() == 0
     assert new.id in old_card.inner_text()
     assert page.problems == []
+
+
+def test_it_fits_a_phone_screen_without_sideways_scrolling(
+    live_server, transactional_db, acme, approver, prepare_payment, browser
+):
+    approval = prepare_payment(acme, invoice_id="inv_" + "9" * 150)  # a very long id too
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    try:
+        _sign_in(page, live_server, "approver")
+        for path in ("/", "/approvals/", f"/approvals/{approval.id}/", "/operations/",
+                     f"/operations/{approval.operation_id}/", "/runs/", "/audit/"):
+            page.goto(f"{live_server.url}{path}")
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, (path, width)
+        # Every main link stays on screen.
+        for link in page.locator("nav[aria-label=Main] a").all():
+            box = link.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 390, link.inner_text()
+    finally:
+        context.close()

@@ -3,11 +3,11 @@ from __future__ import annotations
 from django import forms
 
 from approvals.selectors import QueueFilters
-from operations.forms import refuse_secrets_in_text
+from operations.forms import FilterForm, refuse_secrets_in_text
 from operations.models import Action
 
 
-class QueueFilterForm(forms.Form):
+class QueueFilterForm(FilterForm):
     tenant = forms.ChoiceField(required=False)
     action = forms.ChoiceField(
         required=False, choices=[("", "All actions"), *Action.choices]

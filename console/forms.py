@@ -2,20 +2,34 @@ from __future__ import annotations
 
 from django import forms
 
+from operations.forms import FilterForm
 from operations.selectors import AuditFilters
 
 
-class AuditFilterForm(forms.Form):
+class AuditFilterForm(FilterForm):
     actor = forms.CharField(required=False, max_length=150)
-    action = forms.CharField(required=False, max_length=100)
+    action = forms.CharField(
+        required=False, max_length=100,
+        widget=forms.TextInput(attrs={"list": "audit-actions", "autocomplete": "off"}),
+    )
     object = forms.CharField(required=False, max_length=64, label="Object id")
     since = forms.DateTimeField(
-        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+        required=False, label="Since (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )
     until = forms.DateTimeField(
-        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+        required=False, label="Until (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def clean(self) -> dict:
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and since >= until:
+            # Said, rather than an empty trail that looks like "nothing happened".
+            raise forms.ValidationError("Until (UTC) must be later than Since (UTC).")
+        return data
 
     def filters(self) -> AuditFilters:
         """Only for a valid form: the caller shows nothing for one that is not."""

@@ -24,7 +24,12 @@ from django.views.decorators.http import require_GET
 from console.celery import app as celery_app
 from console.forms import AuditFilterForm
 from operations.htmx import page_render
-from operations.selectors import audit_events_for_user, keyset_page, tenants_for_user
+from operations.selectors import (
+    audit_action_names,
+    audit_events_for_user,
+    keyset_page,
+    tenants_for_user,
+)
 
 AUDIT_PAGE_SIZE = 50
 
@@ -123,6 +128,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     query.pop("before", None)
     context = {
         "form": form,
+        "action_names": audit_action_names(),
         "events": events,
         "next_cursor": next_cursor,
         "query": query.urlencode(),

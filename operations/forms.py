@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django import forms
+from django.core.validators import RegexValidator
 
 from operations.intents import secret_in_text
 from operations.models import Action, OperationStatus
@@ -18,7 +19,25 @@ AGES: dict[str, tuple[str, timedelta]] = {
 }
 
 
-class OperationFilterForm(forms.Form):
+class FilterForm(forms.Form):
+    """A list's filters: a filter that does not parse shows nothing (never everything), and
+    the page says why in the words on the form."""
+
+    def problems(self) -> list[str]:
+        problems = [
+            "the page link is not valid; start again from the first page" if field.is_hidden
+            else f"{field.label} — {' '.join(field.errors)}"
+            for field in self
+            if field.errors
+        ] + list(self.non_field_errors())
+        return [problem.rstrip(".") for problem in problems]  # the page ends the sentence
+
+
+# A page cursor is an id the page itself wrote: anything else is refused, not searched for.
+ID_CURSOR = RegexValidator(r"^[a-z]{2,4}_[0-9A-Z]{26}$", "not a page link this console wrote")
+
+
+class OperationFilterForm(FilterForm):
     status = forms.ChoiceField(required=False, choices=[("", "any"), *OperationStatus.choices])
     tenant = forms.ChoiceField(required=False)
     action = forms.ChoiceField(required=False, choices=[("", "any"), *Action.choices])
@@ -26,7 +45,8 @@ class OperationFilterForm(forms.Form):
     age = forms.ChoiceField(
         required=False, choices=[("", "any age"), *((k, v[0]) for k, v in AGES.items())]
     )
-    before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput)
+    before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput,
+                             validators=[ID_CURSOR])
 
     def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -51,7 +51,8 @@ def audit_events_for_user(
 ) -> QuerySet[AuditEvent]:
     qs = AuditEvent.objects.filter(tenant_id__in=tenant_ids_for_user(user, perm))
     if filters.actor:
-        qs = qs.filter(actor_username=filters.actor)
+        # People type names as they remember them; usernames are unique regardless of case.
+        qs = qs.filter(actor_username__iexact=filters.actor)
     if filters.action:
         qs = qs.filter(action=filters.action)
     if filters.object:
@@ -61,6 +62,26 @@ def audit_events_for_user(
     if filters.until:
         qs = qs.filter(created_at__lt=filters.until)
     return qs.select_related("tenant").order_by("-id")
+
+
+def audit_action_names() -> list[str]:
+    """Every action name on the trail, for the filter's suggestions. Names come from the
+    code, not from any tenant's data. A skip scan over the (action, id) index: one probe per
+    distinct name, not a pass over the whole trail."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH RECURSIVE names(action) AS (
+                (SELECT action FROM operations_auditevent ORDER BY action LIMIT 1)
+                UNION ALL
+                SELECT (SELECT a.action FROM operations_auditevent a
+                        WHERE a.action > names.action ORDER BY a.action LIMIT 1)
+                FROM names WHERE names.action IS NOT NULL
+            )
+            SELECT action FROM names WHERE action IS NOT NULL
+            """
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def keyset_page(qs: QuerySet, *, before: int | str | None, size: int, key: str = "id"):

@@ -2,16 +2,18 @@ from __future__ import annotations
 
 from django import forms
 
+from operations.forms import ID_CURSOR, FilterForm
 from operations.models import RunStatus
 from replays.selectors import RunFilters
 
 
-class RunFilterForm(forms.Form):
+class RunFilterForm(FilterForm):
     tenant = forms.ChoiceField(required=False)
     workflow = forms.CharField(required=False, max_length=100)
     status = forms.ChoiceField(required=False, choices=[("", "any"), *RunStatus.choices])
     conversation = forms.CharField(required=False, max_length=40, label="Conversation id")
-    before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput)
+    before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput,
+                             validators=[ID_CURSOR])
 
     def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)

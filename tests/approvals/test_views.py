@@ -109,6 +109,11 @@ def test_it_filters_by_tenant_and_action(acme, admin_user, prepare_payment, prep
     assert mail.id in html and payment.id not in html
     html = client.get(reverse("approvals:queue") + "?tenant=globex").content.decode()
     assert mail.id not in html
+    # Says why nothing is shown, rather than a queue that looks empty ("Pending: 0").
+    assert "Nothing is shown: Tenant — Select a valid choice" in html
+    assert "No approvals match" not in html and "Pending: 0" not in html
+    html = client.get(reverse("approvals:queue") + "?action=bogus").content.decode()
+    assert "Nothing is shown: Action — Select a valid choice" in html
 
 
 def test_it_pages_by_keyset_pending_soonest_first_then_decisions(

@@ -330,3 +330,15 @@ def test_it_measures_reconcile_time_and_resolutions_over_findings_of_visible_ten
     assert metrics["manual_resolutions"] == 2
     assert metrics["version_conflicts"] == 1
     assert metrics["unknown_count"] == 0 and metrics["total"] == 3
+
+
+@pytest.mark.django_db
+def test_it_says_a_bad_filter_or_page_link_shows_nothing(acme, operator):
+    op = prepared_payment(acme)
+    client = signed_in(operator)
+    html = client.get("/operations/", {"status": "succeeded", "tenant": "nope"}).content.decode()
+    assert "Nothing is shown: Tenant — Select a valid choice" in html
+    assert "No operations match" not in html and op.id not in html
+    html = client.get("/operations/", {"before": "garbage"}).content.decode()
+    assert "the page link is not valid" in html and op.id not in html
+    assert op.id in client.get("/operations/", {"before": "op_" + "Z" * 26}).content.decode()

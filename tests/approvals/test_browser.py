@@ -170,3 +170,31 @@ def test_it_fits_a_phone_screen_without_sideways_scrolling(
             assert box is not None and box["x"] + box["width"] <= 390, link.inner_text()
     finally:
         context.close()
+
+
+def test_it_holds_the_queue_refresh_while_an_approver_types(
+    live_server, transactional_db, acme, approver, prepare_payment, browser
+):
+    for i in range(6):
+        prepare_payment(acme, invoice_id=f"inv_{i}")
+    context = browser.new_context(viewport={"width": 1280, "height": 500})
+    page = context.new_page()
+    try:
+        _sign_in(page, live_server, "approver")
+        page.goto(f"{live_server.url}/approvals/")
+        polls: list[str] = []
+        page.on("request", lambda r: polls.append(r.url)
+                if r.headers.get("hx-request") and "/approvals/" in r.url else None)
+        comment = page.locator("textarea[name=comment]").first
+        comment.click()
+        comment.type("checking the invoice")
+        page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+        scrolled = page.evaluate("window.scrollY")
+        assert scrolled > 500
+        page.wait_for_timeout(16_500)  # past the queue's 15-second refresh
+        # Re-rendering around the focused field would have thrown the page back to it.
+        assert polls == []
+        assert page.evaluate("window.scrollY") == scrolled
+        assert comment.input_value() == "checking the invoice"
+    finally:
+        context.close()

@@ -102,12 +102,24 @@ def _panel_context(
         "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),
         "notice": notice,
         "notice_level": notice_level,
+        "seen": _seen(op),
     }
+
+
+def _seen(op: Operation) -> str:
+    """What the page's status watch compares: the status, and when it last changed."""
+    return f"{op.status}@{op.status_changed_at.timestamp():.6f}"
 
 
 @require_GET
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     op = operation_for_user(request.user, operation_id)
+    seen = request.GET.get("seen", "")
+    if request.htmx and seen:
+        # The page's own poll: only whether the operation moved on since it was rendered.
+        return render(request, f"{DETAIL}#status_watch", {
+            "op": op, "seen": seen, "moved_on": seen != _seen(op),
+        })
     unmasked, may_unmask = page_unmasking(
         request, op.tenant, action="operation.view_unmasked", object_type="operation",
         object_id=op.id,

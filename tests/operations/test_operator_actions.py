@@ -358,3 +358,24 @@ def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
     event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
     assert (event.reason, event.actor_username) == ("check again", "operator")
     assert event.after == {"lookup": "none", "detail": "nothing to do: disputed"}
+
+
+@pytest.mark.django_db
+def test_it_tells_an_open_page_that_the_operation_moved_on(acme_unknown, operator):
+    op = acme_unknown
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/")
+    seen = page.context["seen"]
+    assert 'id="status-watch"' in page.content.decode()
+
+    def watch() -> str:
+        return client.get(f"/operations/{op.id}/", {"seen": seen},
+                          HTTP_HX_REQUEST="true").content.decode()
+
+    quiet = watch()
+    assert "<html" not in quiet and "This operation is now" not in quiet
+    operation_dispute(operation_id=op.id, actor=operator, reason="customer disputes it")
+    moved = watch()
+    assert "This operation is now <strong>Disputed (on hold)</strong>" in moved
+    assert f'href="/operations/{op.id}/">Reload</a>' in moved
+    assert f"seen={seen.replace('@', '%40')}" in moved  # keeps comparing with the page

@@ -30,7 +30,7 @@ QUEUE_PAGE_SIZE = 20
 def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, Any]:
     op = approval.operation
     now = timezone.now()
-    summary = intent_summary(action=op.action, payload=op.payload)
+    summary = intent_summary(action=op.action, payload=op.payload, unmasked=unmasked)
     diff = []
     if op.supersedes_id:
         old = op.supersedes

@@ -375,12 +375,37 @@ def _mask_patch(value: Mapping[str, Any]) -> str:
 
     def shown(name: str, moved: Any) -> str:
         if name in _TYPED_NUMBERS and isinstance(moved, int):
-            return str(moved)  # the amount is what the approver must see move
+            return _patch_amount(value, moved)  # what the approver must see move
         if masks.get(name):
             return _mask_value(moved, masks[name])
         return _mask_nested(moved, mask_plain_text=False)
 
     return ", ".join(f"{_mask_key(k)} → {shown(k, v)}" for k, v in sorted(value.items()))
+
+
+def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
+    currency = patch.get("currency")
+    if isinstance(currency, str) and _CURRENCY.match(currency):
+        return money_format(amount_minor, currency)
+    # The deal keeps its own currency, which the change does not name.
+    return f"{amount_minor} in minor units of the deal's currency"
+
+
+def _patch_display(patch: Mapping[str, Any]) -> str:
+    """A deal change unmasked: as the masked form, with every value as it is."""
+    return ", ".join(
+        f"{k} → {_patch_amount(patch, v) if k in _TYPED_NUMBERS and isinstance(v, int) else v}"
+        for k, v in sorted(patch.items())
+    )
+
+
+def _nested_display(value: Any) -> str:
+    """Template parameters unmasked, laid out as their masked form is."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_nested_display(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_nested_display(v) for v in value) + "]"
+    return str(value)
 
 
 def _display(value: Any) -> str:
@@ -409,6 +434,10 @@ def intent_rows(
             continue  # shown with the amount
         if spec.name == "amount_minor":
             shown = money_format(value, payload.get("currency", ""))
+        elif unmasked and spec.mask == "patch" and isinstance(value, Mapping):
+            shown = _patch_display(value)
+        elif unmasked and spec.mask == "params" and isinstance(value, Mapping):
+            shown = ", ".join(f"{k}: {_nested_display(v)}" for k, v in sorted(value.items()))
         elif unmasked:
             shown = _display(value)
         else:
@@ -417,26 +446,30 @@ def intent_rows(
     return rows
 
 
-def intent_summary(*, action: str, payload: Mapping[str, Any]) -> str:
-    """One masked line: 'Pay 12,500.00 KZT to ••••r_77 for invoice inv_9182'."""
+def intent_summary(*, action: str, payload: Mapping[str, Any], unmasked: bool = False) -> str:
+    """One line, masked unless asked: 'Pay 12,500.00 KZT to ••••r_77 for invoice inv_9182'."""
     p = payload
+
+    def shown(value: str, mask: Any) -> str:
+        return value if unmasked else mask(value)
+
     if action == Action.PAYMENTS_CREATE:
         return (
             f"Pay {money_format(p['amount_minor'], p['currency'])} to "
-            f"{mask_digits(p['beneficiary_id'])} for invoice {p['invoice_id']}"
+            f"{shown(p['beneficiary_id'], mask_digits)} for invoice {p['invoice_id']}"
         )
     if action == Action.CRM_CREATE_DEAL:
         return (
-            f"Create deal “{mask_inline(p['name'])}” worth "
+            f"Create deal “{shown(p['name'], mask_inline)}” worth "
             f"{money_format(p['amount_minor'], p['currency'])}"
         )
     if action == Action.CRM_UPDATE_DEAL:
         return (
             f"Change deal {p['target']} (version {p['expected_version']}): "
-            f"{_mask_patch(p['patch'])}"
+            f"{_patch_display(p['patch']) if unmasked else _mask_patch(p['patch'])}"
         )
     if action == Action.MAIL_SEND:
-        return f"Email “{p['template']}” to {mask_email(p['to'])}"
+        return f"Email “{p['template']}” to {shown(p['to'], mask_email)}"
     return action
 
 

@@ -55,6 +55,7 @@ def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
     response = client.get(url + "?unmasked=1")
     html = response.content
     assert BENEFICIARY in html.decode()
+    assert f"to {BENEFICIARY} for invoice" in html.decode()  # the summary line too
     assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"]
     event = AuditEvent.objects.get(action="approval.view_unmasked")
     assert event.actor == admin_user

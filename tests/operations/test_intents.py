@@ -181,8 +181,17 @@ def test_it_masks_numbers_email_keys_and_addresses_inside_text():
               "patch": {"amount_minor": 2500000, "name": "Call jane.doe@example.com"}}
     summary = intent_summary(action="crm.update_deal", payload=change)
     # The amount that moves stays whole for the approver; the address in the name does not.
-    assert "amount_minor → 2500000" in summary
+    assert "amount_minor → 2500000 in minor units of the deal's currency" in summary
     assert "name → Call j***@example.com" in summary
+    change["patch"]["currency"] = "EUR"
+    for unmasked in (False, True):
+        shown = intent_summary(action="crm.update_deal", payload=change, unmasked=unmasked)
+        assert "amount_minor → 25,000.00 EUR" in shown
+    assert "name → Call jane.doe@example.com" in intent_summary(
+        action="crm.update_deal", payload=change, unmasked=True)
+    unmasked_params = {r.name: r.value for r in intent_rows(
+        action="mail.send", payload=mail, unmasked=True)}["params"]
+    assert "account: 40817810099911" in unmasked_params  # laid out as the masked form
 
 
 def test_it_flags_a_change_hidden_by_the_mask():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -60,6 +60,14 @@ def approvals_for_user(
 
 
 RECENT_DECISIONS = timedelta(hours=24)
+
+
+def approvals_waiting(user) -> dict[str, object]:
+    """For the dashboard: how many intents wait for a person on the user's tenants, and when
+    the first of them expires (the pending partial index; never the decided history)."""
+    return Approval.objects.filter(
+        operation__tenant_id__in=tenant_ids_for_user(user), status=P.PENDING
+    ).aggregate(count=Count("id"), soonest=Min("expires_at"))
 
 
 def approval_counts(qs: QuerySet[Approval]) -> list[tuple[str, str, int]]:

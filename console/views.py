@@ -21,12 +21,14 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from approvals.selectors import approvals_waiting
 from console.celery import app as celery_app
 from console.forms import AuditFilterForm
 from operations.htmx import page_render
 from operations.selectors import (
     audit_action_names,
     audit_events_for_user,
+    dashboard_metrics,
     keyset_page,
     tenants_for_user,
 )
@@ -102,12 +104,11 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
-    from operations.selectors import dashboard_metrics
-
     tenants = tenants_for_user(request.user)
     return render(
         request, "console/dashboard.html",
-        {"tenants": tenants, "metrics": dashboard_metrics(request.user)},
+        {"tenants": tenants, "metrics": dashboard_metrics(request.user),
+         "waiting": approvals_waiting(request.user)},
     )
 
 

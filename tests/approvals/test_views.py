@@ -377,3 +377,17 @@ def test_it_starts_over_on_a_cursor_that_is_not_a_real_time(acme, approver, prep
         response = client.get(reverse("approvals:queue"), {"cursor": cursor})
         assert response.status_code == 200, cursor
         assert approval.id in response.content.decode()  # the first page
+
+
+def test_it_counts_the_intents_waiting_on_the_dashboard(acme, approver, other_tenant_user,
+                                                       prepare_payment, no_execute):
+    waiting = prepare_payment(acme)
+    decided = prepare_payment(acme, invoice_id="inv_decided")
+    signed_in(approver).post(_approve_url(decided))
+    page = signed_in(approver).get("/")
+    assert page.context["waiting"]["count"] == 1
+    assert page.context["waiting"]["soonest"] == waiting.expires_at
+    html = page.content.decode()
+    assert 'href="/approvals/">1</a>' in html and "first expires in" in html
+    # Another tenant's user: nothing of acme's queue.
+    assert signed_in(other_tenant_user).get("/").context["waiting"]["count"] == 0

@@ -198,3 +198,25 @@ def test_it_holds_the_queue_refresh_while_an_approver_types(
         assert comment.input_value() == "checking the invoice"
     finally:
         context.close()
+
+
+def test_it_shows_the_filter_of_the_page_back_brings_back(
+    live_server, transactional_db, acme, operator, page
+):
+    from playwright.sync_api import expect
+
+    _sign_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/operations/")
+    status = page.locator("form.filters select[name=status]")
+    for value in ("unknown", "succeeded"):
+        status.select_option(value)
+        with page.expect_response(lambda r, value=value: f"status={value}" in r.url):
+            page.get_by_role("button", name="Filter").click()
+        page.wait_for_url(f"**/operations/?*status={value}*")
+    page.go_back()
+    page.wait_for_url("**/operations/?*status=unknown*")
+    expect(status).to_have_value("unknown")
+    page.go_back()
+    page.wait_for_url(f"{live_server.url}/operations/")
+    expect(status).to_have_value("")
+    assert page.problems == []

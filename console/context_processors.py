@@ -3,20 +3,25 @@ from __future__ import annotations
 from django.urls import NoReverseMatch, reverse
 
 from console.roles import user_roles
+from operations.selectors import tenants_for_user
 
+# (url name, label, the permission on some tenant it needs, if any)
 NAVIGATION = (
-    ("dashboard", "Dashboard"),
-    ("operations:list", "Operations"),
-    ("approvals:queue", "Approvals"),
-    ("replays:runs", "Runs"),
-    ("audit", "Audit"),
+    ("dashboard", "Dashboard", ""),
+    ("operations:list", "Operations", ""),
+    ("approvals:queue", "Approvals", ""),
+    ("replays:runs", "Runs", ""),
+    ("audit", "Audit", "view_audit"),
 )
 
 
-def _navigation() -> list[tuple[str, str]]:
+def _navigation(user) -> list[tuple[str, str]]:
     # Only pages this build serves appear; an app's pages join when its urls are included.
+    # A page the user may not open is not offered.
     items = []
-    for name, label in NAVIGATION:
+    for name, label, perm in NAVIGATION:
+        if perm and not (user is not None and tenants_for_user(user, perm).exists()):
+            continue
         try:
             items.append((reverse(name), label))
         except NoReverseMatch:
@@ -27,6 +32,6 @@ def _navigation() -> list[tuple[str, str]]:
 def shell(request) -> dict:
     user = getattr(request, "user", None)
     return {
-        "navigation": _navigation(),
+        "navigation": _navigation(user),
         "user_roles": user_roles(user) if user is not None else [],
     }

@@ -114,6 +114,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def audit_list(request: HttpRequest) -> HttpResponse:
+    if not tenants_for_user(request.user, "view_audit").exists():
+        # An empty trail would read as "nothing happened"; the page is not theirs to read.
+        raise PermissionDenied("the audit trail needs the auditor or admin role")
     form = AuditFilterForm(request.GET)
     if form.is_valid():
         events, next_cursor = keyset_page(

@@ -160,7 +160,7 @@ def test_it_fits_a_phone_screen_without_sideways_scrolling(
     try:
         _sign_in(page, live_server, "approver")
         for path in ("/", "/approvals/", f"/approvals/{approval.id}/", "/operations/",
-                     f"/operations/{approval.operation_id}/", "/runs/", "/audit/"):
+                     f"/operations/{approval.operation_id}/", "/runs/"):
             page.goto(f"{live_server.url}{path}")
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 390, (path, width)

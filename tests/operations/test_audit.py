@@ -52,6 +52,7 @@ def test_it_lists_newest_first_only_for_granted_tenants(trail, auditor):
     html = client.get("/audit/").content.decode()
     assert html.index("apr_6") < html.index("apr_5") < html.index("apr_0")
     assert "apr_g" not in html
+    assert 'href="/audit/" aria-current="page">Audit</a>' in html
 
 
 @pytest.mark.django_db
@@ -136,11 +137,13 @@ def test_it_downloads_the_filtered_csv_for_auditors_only(trail, auditor, approve
 
 
 @pytest.mark.django_db
-def test_it_shows_strangers_no_events(trail, stranger):
+@pytest.mark.parametrize("who", ["stranger", "approver", "operator"])
+def test_it_refuses_the_trail_to_those_without_the_audit_role(trail, who, request):
     client = Client()
-    client.force_login(stranger)
-    html = client.get("/audit/").content.decode()
-    assert "apr_" not in html
+    client.force_login(request.getfixturevalue(who))
+    response = client.get("/audit/")
+    assert response.status_code == 403 and b"apr_" not in response.content
+    assert 'href="/audit/"' not in client.get("/").content.decode()  # not offered either
 
 
 @pytest.mark.django_db

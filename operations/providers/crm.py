@@ -127,6 +127,10 @@ class CrmUpdateDealAdapter:
                 result, outcome=CallOutcome.SUCCEEDED, external_id=str(payload["target"]),
                 result=_deal_facts(current), error_class="", error_message="",
             )
+        if result.outcome == CallOutcome.CONFLICT:
+            # The journal keeps the deal's fields a person decides on, not the CRM's whole
+            # record (which may hold anything about anyone).
+            return replace(result, result={**result.result, "current": _deal_facts(current)})
         return result
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:

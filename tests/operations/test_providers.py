@@ -285,6 +285,9 @@ def test_it_reports_a_crm_version_conflict_with_the_current_record(sandbox):
     assert conflict.http_status == 409
     assert conflict.result["current_version"] == 2
     assert conflict.result["current"]["stage"] == "won"
+    # Only the deal's fields a person decides on, not the CRM's whole record.
+    assert set(conflict.result["current"]) == {
+        "id", "name", "amount_minor", "currency", "owner", "stage", "version"}
     deal.refresh_from_db()
     assert (deal.version, deal.amount_minor, deal.applied_operation_ids) == (2, 100, [first.id])
     assert adapter.lookup(first).status is CallOutcome.SUCCEEDED

@@ -37,6 +37,15 @@ def payment_posts(op: Operation):
     return sandbox_writes(provider="payments", operation_id=op.id)
 
 
+def executed_into_a_fault(tenant, approver, kind: str) -> Operation:
+    """An approved payment executed once while the sandbox answers with `kind`."""
+    op = authorized_payment(tenant, approver)
+    sandbox_fault_set(provider="payments", kind=kind, match=op.id)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    return op
+
+
 WORKER_POOLS = pytest.mark.parametrize("pool", ["threads", "prefork"])
 
 
@@ -191,11 +200,8 @@ def test_it_does_not_create_again_on_an_empty_search_inside_the_lag_window(
 def test_it_calls_again_with_the_same_key_only_after_absence_is_proven(
     acme, approver, providers
 ):
-    op = authorized_payment(acme, approver)
     # A 5xx before anything was written: unknown to us, absent at the provider.
-    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
-    engine.operation_execute(operation_id=op.id)
-    op.refresh_from_db()
+    op = executed_into_a_fault(acme, approver, "http_500")
     assert op.status == S.UNKNOWN and PaymentIntent.objects.count() == 0
     report = engine.operation_execute(operation_id=op.id)
     op.refresh_from_db()
@@ -272,11 +278,8 @@ def test_it_cancels_an_approval_that_expired_before_the_worker_got_to_it(
 def test_it_clears_the_lost_answers_error_once_the_lookup_finds_the_payment(
     acme, approver, providers
 ):
-    op = authorized_payment(acme, approver)
     # Committed at the provider, then a 5xx: unknown to us until the lookup finds it.
-    sandbox_fault_set(provider="payments", kind="http_500_after_commit", match=op.id)
-    engine.operation_execute(operation_id=op.id)
-    op.refresh_from_db()
+    op = executed_into_a_fault(acme, approver, "http_500_after_commit")
     assert op.status == S.UNKNOWN and op.error_code == "http_5xx"
     engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()

@@ -38,6 +38,7 @@ from operations.providers.base import (
     CallResult,
     ProviderAdapter,
 )
+from operations.providers.transport import LeaseLost, send_deadline
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
 
     adapter = core.adapter(op.action)
     now = timezone.now()
+    lease_expires_at = now + lease_duration()
     with transaction.atomic():
         # The claim re-checks the authorization in the same statement, so an approval that
         # expires between the read above and here cannot slip through.
@@ -100,7 +102,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             status=S.IN_PROGRESS,
             status_changed_at=now,
             lease_owner=worker,
-            lease_expires_at=now + lease_duration(),
+            lease_expires_at=lease_expires_at,
             provider_calls=F("provider_calls") + 1,
             unknown_since=None,
             next_reconcile_at=None,
@@ -128,13 +130,22 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
 
     # The attempt just created is the newest call: no need to read it back.
     op_snapshot = snapshot(op, last_call=attempt)
+    deadline = send_deadline.set(lease_expires_at)
     try:
         result = adapter.call(op_snapshot)
+    except LeaseLost as exc:
+        # Stalled past our lease: the sweep may have taken the operation over. Nothing was
+        # sent; recorded as unknown, so a lookup (not this worker) decides what comes next.
+        result = CallResult(
+            outcome=CallOutcome.UNKNOWN, error_class="lease_lost", error_message=str(exc)
+        )
     except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
         logger.exception("adapter call failed for %s", op.id)
         result = CallResult(
             outcome=CallOutcome.UNKNOWN, error_class=type(exc).__name__, error_message=str(exc)
         )
+    finally:
+        send_deadline.reset(deadline)
     return _record_call_result(op, attempt, result, worker=worker, adapter=adapter)
 
 

@@ -164,11 +164,15 @@ def operation_prepare(
             )
         if not requires:
             # The policy itself authorizes; recorded like any other authorization.
+            now = timezone.now()
             Operation.objects.filter(id=op.id).update(
                 authorized_hash=payload_hash,
                 authorized_policy_version=policy.version,
-                authorized_at=timezone.now(),
-                authorization_expires_at=timezone.now() + policy.approval_ttl,
+                authorized_at=now,
+                authorization_expires_at=now + policy.approval_ttl,
+                # Its caller executes it next; if that caller dies first, the sweep queues
+                # it then, as for an approved one whose message was lost.
+                next_reconcile_at=execute_recheck_at(now),
             )
             Evidence.objects.create(
                 operation=op,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -13,6 +13,7 @@ from django.db.models import (
     DurationField,
     ExpressionWrapper,
     F,
+    Max,
     Q,
     QuerySet,
     Value,
@@ -25,6 +26,7 @@ from operations.engine.core import (
     LOOKUP_STATUS,
     S,
     accepted_recheck_at,
+    lease_duration,
     lease_expired,
     logger,
     next_attempt_number,
@@ -106,16 +108,17 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
         return ReconcileReport(op.id, "nothing_to_do", op.status)
 
     adapter = core.adapter(op.action)
-    op_snapshot = snapshot(op)
     with transaction.atomic():
         # The calls made so far, read under the row lock: an absence this lookup proves says
         # nothing about a call that starts after it (a concurrent reconcile may allow one).
-        calls_before = (
-            Operation.objects.select_for_update()
-            .filter(id=op.id)
-            .values_list("provider_calls", flat=True)
-            .first()
+        # The snapshot too, so the last call it tells the adapter about (the search lag is
+        # measured from it) is the newest of those calls, not one from before a concurrent
+        # reconcile let another go.
+        op = Operation.objects.select_for_update(of=("self",)).select_related("tenant").get(
+            id=op.id
         )
+        calls_before = op.provider_calls
+        op_snapshot = snapshot(op)
         attempt = Attempt.objects.create(
             operation_id=op.id,
             number=next_attempt_number(op.id),
@@ -213,6 +216,21 @@ def _record_lookup(
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
+    lands_by = _unanswered_call_lands_by(op)
+    if (
+        found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN
+        and lands_by is not None and lands_by > now
+    ):
+        # A call that never got its answer (its worker died or stalled) may still reach the
+        # provider until its lease ran out, and take up to the timeout there: absent so far
+        # is not absent.
+        _lookup_noted(
+            op, summary="absent so far, but an unanswered call may still land until "
+            f"{lands_by:%H:%M:%S}; next check then", data=data, actor=actor,
+            next_reconcile_at=lands_by,
+        )
+        return ReconcileReport(op.id, "inconclusive", op.status, "an unanswered call may land")
+
     if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
         # Absence proven by an authoritative lookup makes a new call safe where the provider
         # dedups by key, or where a natural key / expected version turns a duplicate into a
@@ -263,7 +281,11 @@ def _record_lookup(
 
     # Inconclusive (or absent while accepted): stay where we are, with everything found.
     retry_at = now + found.retry_after if found.retry_after else None
-    if contract.key_retention is not None and retry_at is not None:
+    if op.status == S.ACCEPTED:
+        # Looked up by the provider's own id, which does not expire as a key does: keep
+        # looking (a person sees it on the journal), never drop it from every queue.
+        retry_at = retry_at or accepted_recheck_at(now)
+    elif contract.key_retention is not None and retry_at is not None:
         # The snapshot taken before the lookup: a lookup is not a call, so its last call stands.
         last_call = op_snapshot.last_call_at
         if last_call is not None and retry_at - last_call > contract.key_retention:
@@ -274,6 +296,17 @@ def _record_lookup(
         data=data, actor=actor, next_reconcile_at=retry_at,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+
+
+def _unanswered_call_lands_by(op: Operation) -> datetime | None:
+    """Until when a call that never got an answer may still reach the provider: sent at the
+    latest as its lease ran out (execute never sends past it), then the client's timeout."""
+    started = Attempt.objects.filter(
+        operation_id=op.id, kind=AttemptKind.CALL, finished_at__isnull=True
+    ).aggregate(latest=Max("started_at"))["latest"]
+    if started is None:
+        return None
+    return started + lease_duration() + timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
 
 
 def _lookup_noted(

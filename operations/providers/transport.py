@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 from django.conf import settings
+from django.utils import timezone
 
 from operations.providers.base import (
     CallOutcome,
@@ -70,6 +72,17 @@ def shared_client_close() -> None:
             _client = None
 
 
+# When the call this thread is making must no longer be sent: the end of the worker's lease.
+# A worker that stalled past it (a long GC pause, a frozen container) may have been presumed
+# dead, and a lookup may already have proven the effect absent; sent now, the request would
+# land where nobody looks for it. The engine sets it around each call.
+send_deadline: ContextVar[datetime | None] = ContextVar("send_deadline", default=None)
+
+
+class LeaseLost(Exception):
+    """The lease ran out before the request went out: nothing was sent."""
+
+
 def send(
     method: str,
     url: str,
@@ -80,6 +93,9 @@ def send(
     json: dict[str, Any] | None = None,
     params: dict[str, str] | None = None,
 ) -> Answer:
+    deadline = send_deadline.get()
+    if deadline is not None and timezone.now() >= deadline:
+        raise LeaseLost(f"the lease ran out at {deadline:%H:%M:%S}; {method} not sent")
     all_headers = {"Authorization": f"Bearer {api_key}", **(headers or {})}
     # Read at call time so a settings override (tests, an operator's env change) takes effect.
     timeout = float(settings.PROVIDER_TIMEOUT_SECONDS)

@@ -566,3 +566,157 @@ def test_it_answers_400_not_500_to_a_signature_header_that_is_not_ascii(client):
                          HTTP_AUTHORIZATION="Bearer \xe9")
     assert refused.status_code == 401
     assert sandbox_requests(provider="payments").count() == 1  # logged, refused, nothing else
+
+
+# --- an unanswered call, a stalled worker, and lookups that must not call it absence ----------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lands_a_slow_crm_answer_instead_of_cancelling_after_an_early_absence(
+    acme, providers, settings
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    assert not op.requires_approval  # authorized by the policy
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=1.2))
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=3)  # the POST is slow
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    wait_for(lambda: Operation.objects.filter(
+        id=op.id, status=S.IN_PROGRESS, lease_expires_at__lte=timezone.now()).exists(),
+        what="the lease to run out while the POST is in flight")
+    # The sweep's reconcile: no deal yet, but the unanswered call may still land.
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.outcome == "inconclusive" and not report.may_call_again
+    call.join()
+
+    op.refresh_from_db()
+    deal = Deal.objects.get(agent_operation_id=op.id)
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id  # not cancelled
+    assert op.provider_calls == 1 and Deal.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_sends_a_call_after_its_lease_ran_out(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 2
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=2.2))
+    real_snapshot = execute_module.snapshot
+    main = threading.get_ident()
+
+    def stalled_after_the_claim(op_, **kwargs):
+        if threading.get_ident() != main:
+            time.sleep(3.5)  # a long GC pause, a frozen container
+        return real_snapshot(op_, **kwargs)
+
+    monkeypatch.setattr(execute_module, "snapshot", stalled_after_the_claim)
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    time.sleep(2.5)
+    # The lease ran out: the sweep's reconcile finds nothing, which proves nothing yet.
+    assert not engine.operation_reconcile(operation_id=op.id).may_call_again
+    call.join()
+
+    attempt = op.attempts.get(kind=AttemptKind.CALL)
+    assert attempt.error_class == "lease_lost" and PaymentIntent.objects.count() == 0
+    assert len(payment_posts(op)) == 0  # the stalled worker sent nothing
+    # Once no unanswered call can land, absence is proven; the approval has run out meanwhile.
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.CANCELLED and PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_measures_the_search_lag_from_the_newest_call_a_concurrent_reconcile_allowed(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import reconcile as reconcile_module
+
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    # Call 1: refused before any write, three minutes ago.
+    op = executed_into_a_fault(acme, approver, "http_500")
+    long_ago = timezone.now() - timedelta(minutes=3)
+    Attempt.objects.filter(operation=op).update(started_at=long_ago, finished_at=long_ago)
+    # Reconcile R stalls as it reads what it will tell the provider's search...
+    stalled_once, go = threading.Event(), threading.Event()
+    real_snapshot, main = reconcile_module.snapshot, threading.get_ident()
+
+    def stalled_snapshot(op_, **kwargs):
+        taken = real_snapshot(op_, **kwargs)
+        if threading.get_ident() != main and not stalled_once.is_set():
+            stalled_once.set()
+            go.wait(3)
+        return taken
+
+    monkeypatch.setattr(reconcile_module, "snapshot", stalled_snapshot)
+    stalled = Background(lambda: engine.operation_reconcile(operation_id=op.id))
+    assert stalled_once.wait(10)
+    # ...while another reconcile runs (it waits for R's row lock, or proves absence) and
+    # call 2 commits a payment whose answer is lost, hidden from the search by its lag.
+    engine.operation_reconcile(operation_id=op.id)
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=2)
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    engine.operation_execute(operation_id=op.id)
+    go.set()
+    stalled.join()
+    wait_for(lambda: not payment_posts(op).filter(response_status__isnull=True).exists(),
+             what="the dropped answer's request to end at the sandbox")
+
+    op.refresh_from_db()
+    assert PaymentIntent.objects.count() == 1 and op.provider_calls == 2
+    assert op.status == S.UNKNOWN
+    # Absence was proven once, before call 2; never again with call 1's age as the lag.
+    assert op.evidence.filter(to_status=S.NOT_STARTED).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_queues_a_policy_authorized_intent_its_caller_never_ran(acme, monkeypatch):
+    op = engine.operation_prepare(tenant=acme, action="mail.send", payload={
+        "to": "anna@example.com", "template": "receipt", "params": {"invoice": "inv_1"}})
+    assert op.authorized_hash and op.status == S.NOT_STARTED
+    assert engine.operations_claim_waiting_for_execute() == []  # its caller runs it first
+    later = timezone.now() + timedelta(minutes=2)
+    monkeypatch.setattr("django.utils.timezone.now", lambda: later)
+    assert engine.operations_claim_waiting_for_execute() == [op.id]
+
+
+@pytest.mark.django_db
+def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
+    acme, approver, monkeypatch
+):
+    from operations.engine import core
+    from operations.providers.base import LookupOutcome, LookupResult
+
+    op = authorized_payment(acme, approver)
+    then = timezone.now() - timedelta(hours=25)  # "processing" at the bank for a day
+    Attempt.objects.create(operation=op, number=1, kind="call", worker="w", started_at=then,
+                           finished_at=then, outcome="accepted",
+                           idempotency_key=op.idempotency_key)
+    Operation.objects.filter(id=op.id).update(status=S.ACCEPTED, external_id="pi_x",
+                                              provider_calls=1, next_reconcile_at=timezone.now())
+    real = core.adapter("payments.create")
+
+    class FailingLookup:
+        contract = real.contract
+
+        def lookup(self, op_):
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
+                                reason="lookup failed (http_5xx)",
+                                retry_after=timedelta(seconds=30))
+
+    monkeypatch.setattr(core, "adapter", lambda action: FailingLookup())
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.ACCEPTED and op.next_reconcile_at is not None

@@ -49,6 +49,12 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
         if op is None:
             WebhookEvent.objects.filter(id=event.id).update(outcome=problem[:200])
             return "unlinked", problem
+        # Decided on the status as it is under the row lock: read unlocked, a worker could
+        # record its answer in between, and the event (answered 200, never sent again)
+        # would be ignored as "moved meanwhile" instead of applied to the new status.
+        op = Operation.objects.select_for_update(of=("self",)).select_related("tenant").get(
+            id=op.id
+        )
         result, message = _webhook_transition(op, facts=facts)
         WebhookEvent.objects.filter(id=event.id).update(
             operation=op, applied=result == "applied", outcome=message[:200]

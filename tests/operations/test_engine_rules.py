@@ -339,3 +339,30 @@ def test_it_backs_off_queueing_again_an_approved_operation_no_worker_claims(acme
     # another try before it runs out (not at 960 s, after the approval expired).
     assert 209 <= next_wait(approved_ago=480, expires_in=420) < 211
     assert 60 <= next_wait(approved_ago=855, expires_in=45) < 62
+
+
+@pytest.mark.django_db
+def test_it_applies_a_webhook_to_the_status_a_worker_recorded_meanwhile(acme, monkeypatch):
+    from operations.engine import webhooks
+
+    op = prepared_payment(acme)
+    Operation.objects.filter(id=op.id).update(
+        status=S.IN_PROGRESS, provider_calls=1, lease_owner="w",
+        lease_expires_at=timezone.now() + timedelta(seconds=30))
+    found = webhooks._webhook_operation
+
+    def found_then_the_worker_records_accepted(**kwargs):
+        linked, problem = found(**kwargs)  # read while in_progress...
+        Operation.objects.filter(id=op.id).update(
+            status=S.ACCEPTED, external_id="pi_1", lease_owner="", lease_expires_at=None)
+        return linked, problem  # ...and the worker's answer lands before the decision
+
+    monkeypatch.setattr(webhooks, "_webhook_operation", found_then_the_worker_records_accepted)
+    result, message = webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_1", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id="pi_1", status=CallOutcome.SUCCEEDED))
+
+    op.refresh_from_db()
+    assert (result, message) == ("applied", "applied: accepted → succeeded")
+    assert op.status == S.SUCCEEDED
+    assert WebhookEvent.objects.get(event_id="evt_1").applied

@@ -192,7 +192,8 @@ def _record_lookup(
             # Still pending at the provider: look again after the usual wait, not at every
             # sweep (a due time left in the past would ask the provider every few seconds).
             _lookup_noted(
-                op, summary=f"provider still reports {found.status} for {found.external_id}",
+                op, calls_before=calls_before,
+                summary=f"provider still reports {found.status} for {found.external_id}",
                 data=data, actor=actor,
                 next_reconcile_at=accepted_recheck_at(now),  # only accepted stays put
             )
@@ -225,7 +226,8 @@ def _record_lookup(
         # provider until its lease ran out, and take up to the timeout there: absent so far
         # is not absent.
         _lookup_noted(
-            op, summary="absent so far, but an unanswered call may still land until "
+            op, calls_before=calls_before,
+            summary="absent so far, but an unanswered call may still land until "
             f"{lands_by:%H:%M:%S}; next check then", data=data, actor=actor,
             next_reconcile_at=lands_by,
         )
@@ -244,7 +246,8 @@ def _record_lookup(
             # A provider that fails the same request every time (a 5xx it always gives)
             # would otherwise be called every few seconds until the approval runs out.
             _lookup_noted(
-                op, summary=f"proven absent after {op.provider_calls} calls; no more automatic "
+                op, calls_before=calls_before,
+                summary=f"proven absent after {op.provider_calls} calls; no more automatic "
                 "calls, a person decides", data=data, actor=actor, next_reconcile_at=None,
             )
             return ReconcileReport(op.id, "absent", op.status, "call limit reached")
@@ -274,7 +277,8 @@ def _record_lookup(
             # call may go again, and the execute's claim lets only one of us make it.
             return ReconcileReport(op.id, "absent", op.status, "proven absent", may_call_again=True)
         _lookup_noted(
-            op, summary="proven absent, but the provider's contract does not make a new call "
+            op, calls_before=calls_before,
+            summary="proven absent, but the provider's contract does not make a new call "
             "safe; a person decides", data=data, actor=actor, next_reconcile_at=None,
         )
         return ReconcileReport(op.id, "absent", op.status, "a person decides")
@@ -291,7 +295,8 @@ def _record_lookup(
         if last_call is not None and retry_at - last_call > contract.key_retention:
             retry_at = None  # past the key's retention a retry proves nothing: a person
     _lookup_noted(
-        op, summary=f"lookup inconclusive: {found.reason or found.outcome}"
+        op, calls_before=calls_before,
+        summary=f"lookup inconclusive: {found.reason or found.outcome}"
         + (f"; next check {retry_at:%H:%M:%S}" if retry_at else "; waiting for a person"),
         data=data, actor=actor, next_reconcile_at=retry_at,
     )
@@ -310,14 +315,16 @@ def _unanswered_call_lands_by(op: Operation) -> datetime | None:
 
 
 def _lookup_noted(
-    op: Operation, *, summary: str, data: dict[str, Any], actor, next_reconcile_at: Any
+    op: Operation, *, calls_before: int, summary: str, data: dict[str, Any], actor,
+    next_reconcile_at: Any,
 ) -> None:
     """A lookup that leaves the status where it is: its evidence, and when to look again,
-    in one transaction (and only while the status is still the one looked up)."""
+    in one transaction. The schedule only while the status is still the one looked up and
+    no call was made since the lookup began: that call's own schedule stands."""
     with transaction.atomic():
-        Operation.objects.filter(id=op.id, status=op.status).update(
-            next_reconcile_at=next_reconcile_at
-        )
+        Operation.objects.filter(
+            id=op.id, status=op.status, provider_calls=calls_before
+        ).update(next_reconcile_at=next_reconcile_at)
         Evidence.objects.create(
             operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,
             to_status=op.status, summary=summary, data=data, actor=actor,

@@ -366,3 +366,31 @@ def test_it_applies_a_webhook_to_the_status_a_worker_recorded_meanwhile(acme, mo
     assert (result, message) == ("applied", "applied: accepted → succeeded")
     assert op.status == S.SUCCEEDED
     assert WebhookEvent.objects.get(event_id="evt_1").applied
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_newer_calls_schedule_when_an_older_lookup_ends(acme, monkeypatch):
+    from operations.engine import core, operation_reconcile
+    from operations.providers.base import LookupOutcome, LookupResult
+    from tests.operations.engine_helpers import make_unknown
+
+    op = make_unknown(prepared_payment(acme))
+    newer_check = timezone.now() + timedelta(seconds=40)
+    real = core.adapter("payments.create")
+
+    class SlowLookup:
+        contract = real.contract
+
+        def lookup(self, op_):
+            # Meanwhile another reconcile proved absence and call 2 went out and was lost:
+            # unknown again, with its own next check.
+            Operation.objects.filter(id=op.id).update(provider_calls=2,
+                                                      next_reconcile_at=newer_check)
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE, reason="ambiguous")
+
+    monkeypatch.setattr(core, "adapter", lambda action: SlowLookup())
+    operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert op.next_reconcile_at == newer_check  # not "waiting for a person" from the old one
+    assert op.evidence.filter(summary__startswith="lookup inconclusive").exists()

@@ -8,7 +8,10 @@ from pathlib import Path
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
+from console.env import settings_load_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+settings_load_or_exit()
 
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")

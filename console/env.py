@@ -181,3 +181,26 @@ def read_config(environ: Mapping[str, str]) -> Config:
         embedded_database=embedded_database,
         embedded_redis=embedded_redis,
     )
+
+
+# A configuration error's exit status everywhere. 3 is gunicorn's "worker failed to boot":
+# the server then stops, instead of respawning the worker in a loop that prints the line
+# forever.
+CONFIG_ERROR_EXIT = 3
+
+
+def settings_load_or_exit() -> None:
+    """Load Django's settings now, at the start of any process (manage.py, gunicorn, the
+    worker, beat; each imports the console package, whose Celery app calls this): a bad
+    value stops it with one line naming the variable, not a traceback from wherever the
+    settings happened to be read first."""
+    import sys
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    try:
+        from django.conf import settings
+
+        settings.INSTALLED_APPS  # noqa: B018 - loads the settings
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(CONFIG_ERROR_EXIT)

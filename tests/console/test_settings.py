@@ -54,7 +54,7 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
 )
 def test_it_fails_at_start_with_one_line_naming_the_variable(overrides, variable):
     result = run_check(**overrides)
-    assert result.returncode == 2
+    assert result.returncode == 3  # CONFIG_ERROR_EXIT
     assert variable in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0
@@ -146,3 +146,20 @@ def test_it_finds_the_port_of_the_running_make_run_for_a_second_terminal(tmp_pat
 
     monkeypatch.setattr(env, "DEVSERVER_STATE", Unreadable())
     assert env.local_web_port({}) == "8000"  # not a crash at settings import
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "gunicorn", "console.wsgi", "--bind", "127.0.0.1:0"],
+    ["-m", "celery", "-A", "console", "worker"],
+    ["-m", "celery", "-A", "console", "beat"],
+])
+def test_it_stops_the_server_worker_and_beat_with_one_line_on_a_bad_setting(argv):
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    env.update(DATABASE_URL="postgresql://postgres@127.0.0.1:5432/console",
+               REDIS_URL="redis://127.0.0.1:6379/0", DEBUG="0",
+               ALLOWED_HOSTS="console.example.com")
+    result = subprocess.run([sys.executable, *argv], cwd=BASE_DIR, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3  # gunicorn halts ("worker failed to boot"), no respawn loop
+    assert "configuration error: SECRET_KEY must be set when DEBUG is off" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("configuration error") == 1

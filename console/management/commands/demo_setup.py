@@ -126,6 +126,5 @@ class Command(BaseCommand):
                         action="payments.create",
                         payload={**payload, "amount_minor": amount + 150000},
                         supersedes=op,
-                    )
-                    count += 1
+                    )  # it replaces the first: still one intent waiting
         return count

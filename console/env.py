@@ -43,7 +43,7 @@ class Config:
     embedded_redis: bool
 
 
-def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+def env_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
     raw = environ.get(name)
     if raw is None:
         return default
@@ -159,7 +159,7 @@ def read_config(environ: Mapping[str, str]) -> Config:
     # The embedded database only exists on a development checkout (a deployment always
     # names its DATABASE_URL), so there DEBUG defaults to on and a management command in a
     # second terminal works with no variables; everywhere else it defaults to off.
-    debug = _bool(environ, "DEBUG", default=embedded_database)
+    debug = env_flag(environ, "DEBUG", default=embedded_database)
     redis_url, embedded_redis = _redis_url(environ)
     default_hosts = ["127.0.0.1", "localhost", "[::1]"] if debug else []
     allowed_hosts = _list(environ, "ALLOWED_HOSTS", default_hosts)

@@ -9,7 +9,14 @@ from urllib.parse import urlsplit
 import dj_database_url
 from csp.constants import NONE, SELF
 
-from console.env import BASE_DIR, VAR_DIR, ConfigError, local_web_port, read_config
+from console.env import (
+    BASE_DIR,
+    VAR_DIR,
+    ConfigError,
+    env_flag,
+    local_web_port,
+    read_config,
+)
 
 CONFIG = read_config(os.environ)
 
@@ -30,6 +37,11 @@ def _float_env(name: str, default: str) -> float:
 
 def _int_env(name: str, default: str) -> int:
     return _number_env(name, default, int)
+
+
+def _flag_env(name: str, default: bool) -> bool:
+    # 1/0, true/false, yes/no, on/off; anything else stops the start (never "silently off").
+    return env_flag(os.environ, name, default)
 
 
 DEBUG = CONFIG.debug
@@ -135,7 +147,7 @@ STORAGES = {
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
-SECURE_SSL_REDIRECT = not DEBUG and os.environ.get("SECURE_SSL_REDIRECT", "1") != "0"
+SECURE_SSL_REDIRECT = _flag_env("SECURE_SSL_REDIRECT", True) and not DEBUG
 # Load balancers and orchestrators probe health over plain http.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SECURE_HSTS_SECONDS = 0 if DEBUG else _int_env("SECURE_HSTS_SECONDS", "31536000")
@@ -144,7 +156,7 @@ SECURE_HSTS_PRELOAD = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-if os.environ.get("SECURE_PROXY_SSL_HEADER") == "1":
+if _flag_env("SECURE_PROXY_SSL_HEADER", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if not DEBUG:
     SILENCED_SYSTEM_CHECKS = [
@@ -280,9 +292,7 @@ MAIL_WEBHOOK_SECRET = _provider_credential(
 PROVIDER_TIMEOUT_SECONDS = _float_env("PROVIDER_TIMEOUT_SECONDS", "10")
 
 # The sandbox providers are served under /sandbox/ with DEBUG on, or when asked for explicitly.
-SANDBOX_ENABLED = DEBUG or os.environ.get("SANDBOX_ENABLED", "").strip().lower() in {
-    "1", "true", "yes", "on",
-}
+SANDBOX_ENABLED = _flag_env("SANDBOX_ENABLED", False) or DEBUG
 # Payments at or above this amount stay `processing` until settled, to demo async results.
 SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
     _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000")

@@ -43,6 +43,8 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "CRM_API_BASE": "https://crm.example.com/api"}, "CRM_API_KEY"),
         ({"DEBUG": "1", "OPERATION_LEASE_SECONDS": "thirty"}, "OPERATION_LEASE_SECONDS"),
+        ({"DEBUG": "1", "SANDBOX_ENABLED": "maybe"}, "SANDBOX_ENABLED"),
+        ({"DEBUG": "1", "SECURE_PROXY_SSL_HEADER": "https"}, "SECURE_PROXY_SSL_HEADER"),
         ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "10s"}, "PROVIDER_TIMEOUT_SECONDS"),
         # A real provider whose path says "sandbox" is still a real provider.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",

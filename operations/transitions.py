@@ -6,11 +6,14 @@ from operations.models import OperationStatus as S
 
 # What the engine may do on its own: claims, call results, lookups, webhooks.
 AUTOMATIC: dict[str, frozenset[str]] = {
-    S.NOT_STARTED: frozenset({S.IN_PROGRESS, S.CANCELLED}),
+    # Unknown from not_started: its authorization ran out after calls were made, and one of
+    # them may still land; a lookup must confirm nothing did before it is cancelled.
+    S.NOT_STARTED: frozenset({S.IN_PROGRESS, S.CANCELLED, S.UNKNOWN}),
     S.IN_PROGRESS: frozenset({S.ACCEPTED, S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.CANCELLED}),
     S.ACCEPTED: frozenset({S.SUCCEEDED, S.FAILED, S.UNKNOWN}),
-    # Back to not_started only when a lookup proved the provider has nothing.
-    S.UNKNOWN: frozenset({S.SUCCEEDED, S.ACCEPTED, S.FAILED, S.NOT_STARTED}),
+    # Back to not_started only when a lookup proved the provider has nothing; cancelled when
+    # it proved that after every call could have landed and the authorization has run out.
+    S.UNKNOWN: frozenset({S.SUCCEEDED, S.ACCEPTED, S.FAILED, S.NOT_STARTED, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +20,7 @@ from operations.intents import secret_in_text
 from operations.models import (
     Attempt,
     AttemptKind,
+    AttemptOutcome,
     Evidence,
     Operation,
     OperationStatus,
@@ -28,6 +29,7 @@ from operations.providers.base import (
     CallOutcome,
     OperationSnapshot,
     ProviderAdapter,
+    ToolContract,
 )
 from operations.services import audit_event_record
 
@@ -123,9 +125,10 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         )
     last_call_at = None
     if call is not None:
-        # The provider may act at any moment until the answer arrives; an unanswered call
-        # may have acted until at least the client's timeout.
-        last_call_at = call["finished_at"] or call["started_at"] + timedelta(
+        # The provider may act at any moment until the answer arrives. An unanswered call
+        # may have been sent as late as its lease ran out (execute sends nothing after), and
+        # then taken up to the client's timeout.
+        last_call_at = call["finished_at"] or call["started_at"] + lease_duration() + timedelta(
             seconds=settings.PROVIDER_TIMEOUT_SECONDS
         )
     return OperationSnapshot(
@@ -137,6 +140,24 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         external_id=op.external_id,
         last_call_at=last_call_at,
     )
+
+
+def unanswered_call_lands_by(op: Operation, contract: ToolContract) -> datetime | None:
+    """Until when a call without a definite answer may still be carried out by the provider:
+    one that never got any answer (its worker died or stalled) may have been sent as late as
+    its lease ran out, then taken the client's timeout; one the client gave up on (timeout,
+    lost connection, 5xx) may still be worked on after that. None when there is no such call.
+    A call refused before it was sent (lease_lost) does not count."""
+    late = contract.late_landing
+    in_flight = lease_duration() + timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
+    ends = [
+        (finished or started + in_flight) + late
+        for started, finished in Attempt.objects.filter(
+            Q(finished_at__isnull=True) | Q(outcome=AttemptOutcome.UNKNOWN),
+            operation_id=op.id, kind=AttemptKind.CALL,
+        ).exclude(error_class="lease_lost").values_list("started_at", "finished_at")
+    ]
+    return max(ends, default=None)
 
 
 def next_attempt_number(operation_id: str) -> int:

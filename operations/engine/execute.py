@@ -20,6 +20,7 @@ from operations.engine.core import (
     next_attempt_number,
     snapshot,
     transition,
+    unanswered_call_lands_by,
     worker_name,
 )
 from operations.engine.prepare import authorization_problem
@@ -71,6 +72,29 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
     problem = authorization_problem(op)
     if problem == "missing":
         return ExecuteReport(op.id, "awaiting_authorization", op.status)
+    if problem and op.provider_calls:
+        # Calls were made (a lookup proved them absent), and one the client gave up on may
+        # still be carried out: not closed as never done until a later lookup confirms it.
+        lands_by = unanswered_call_lands_by(op, core.adapter(op.action).contract)
+        now = timezone.now()
+        recheck = now + timedelta(seconds=settings.RECONCILE_DELAY_SECONDS)
+        confirming = transition(
+            op,
+            to=S.UNKNOWN,
+            sources={S.NOT_STARTED},
+            evidence_kind=EvidenceKind.AUTHORIZATION,
+            summary=f"not called again: {problem}; a lookup confirms no earlier call landed "
+            "before it is closed",
+            data={"problem": problem, "calls": op.provider_calls},
+            fields={
+                "error_code": "authorization", "error_message": problem,
+                "next_reconcile_at": max(recheck, lands_by) if lands_by else recheck,
+            },
+        )
+        op.refresh_from_db()
+        if not confirming:
+            return ExecuteReport(op.id, "lost_claim", op.status, "moved on meanwhile")
+        return ExecuteReport(op.id, "confirming_absence", op.status, problem)
     if problem:
         cancelled = transition(
             op,

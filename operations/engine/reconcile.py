@@ -35,8 +35,10 @@ from operations.engine.core import (
     require_perm,
     snapshot,
     transition,
+    unanswered_call_lands_by,
     worker_name,
 )
+from operations.engine.prepare import authorization_problem
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -217,7 +219,7 @@ def _record_lookup(
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
-    lands_by = _unanswered_call_lands_by(op)
+    lands_by = _unfinished_call_lands_by(op)
     if (
         found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN
         and lands_by is not None and lands_by > now
@@ -232,6 +234,34 @@ def _record_lookup(
             next_reconcile_at=lands_by,
         )
         return ReconcileReport(op.id, "inconclusive", op.status, "an unanswered call may land")
+
+    problem = authorization_problem(op)
+    if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN and problem:
+        # It may not be called again. Closed as never done only once no call it made can
+        # still be carried out by the provider; until then, looked up again.
+        settles_by = unanswered_call_lands_by(op, contract)
+        if settles_by is not None and settles_by > now:
+            _lookup_noted(
+                op, calls_before=calls_before,
+                summary=f"absent so far ({problem}); an earlier call may still land until "
+                f"{settles_by:%H:%M:%S}; next check then", data=data, actor=actor,
+                next_reconcile_at=settles_by,
+            )
+            return ReconcileReport(op.id, "inconclusive", op.status, "a call may still land")
+        transition(
+            op,
+            to=S.CANCELLED,
+            sources={S.UNKNOWN},
+            extra=Q(provider_calls=calls_before),
+            evidence_kind=EvidenceKind.LOOKUP,
+            summary=f"provider lookup ({found.method}) proved no effect exists after every "
+            f"call could have landed; not called again: {problem}",
+            data=data,
+            fields={"error_code": "authorization", "error_message": problem},
+            actor=actor,
+        )
+        op.refresh_from_db()
+        return ReconcileReport(op.id, "absent", op.status, problem)
 
     if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
         # Absence proven by an authoritative lookup makes a new call safe where the provider
@@ -285,11 +315,20 @@ def _record_lookup(
 
     # Inconclusive (or absent while accepted): stay where we are, with everything found.
     retry_at = now + found.retry_after if found.retry_after else None
-    if op.status == S.ACCEPTED:
-        # Looked up by the provider's own id, which does not expire as a key does: keep
-        # looking (a person sees it on the journal), never drop it from every queue.
-        retry_at = retry_at or accepted_recheck_at(now)
-    elif contract.key_retention is not None and retry_at is not None:
+    if op.status == S.ACCEPTED and retry_at is None:
+        # The provider can no longer tell us (a key past its retention, say): it is a
+        # person's now, in the operators' queue, not an accepted row nobody looks at.
+        transition(
+            op, to=S.UNKNOWN, sources={S.ACCEPTED}, extra=Q(provider_calls=calls_before),
+            evidence_kind=EvidenceKind.LOOKUP,
+            summary="the final answer can no longer be looked up "
+            f"({found.reason or found.outcome}); a person decides",
+            data=data, fields={"next_reconcile_at": None}, actor=actor,
+        )
+        op.refresh_from_db()
+        return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+    if op.status != S.ACCEPTED and contract.key_retention is not None and retry_at is not None:
+        # (An accepted effect's failed lookup is tried again, key or not.)
         # The snapshot taken before the lookup: a lookup is not a call, so its last call stands.
         last_call = op_snapshot.last_call_at
         if last_call is not None and retry_at - last_call > contract.key_retention:
@@ -303,9 +342,11 @@ def _record_lookup(
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
 
 
-def _unanswered_call_lands_by(op: Operation) -> datetime | None:
-    """Until when a call that never got an answer may still reach the provider: sent at the
-    latest as its lease ran out (execute never sends past it), then the client's timeout."""
+def _unfinished_call_lands_by(op: Operation) -> datetime | None:
+    """Until when a call that never got any answer may still reach the provider: sent at
+    the latest as its lease ran out (execute never sends past it), then the client's
+    timeout. Enough before calling again, which the provider dedups (by key, natural key or
+    version); closing an operation as never done waits longer (unanswered_call_lands_by)."""
     started = Attempt.objects.filter(
         operation_id=op.id, kind=AttemptKind.CALL, finished_at__isnull=True
     ).aggregate(latest=Max("started_at"))["latest"]

@@ -42,6 +42,10 @@ class ToolContract:
     # An empty search younger than this after the last call is not proof of absence.
     search_lag: timedelta = timedelta(0)
     dedup_method: str = ""
+    # How long after our client gave up on a call (a timeout, a lost connection, a gateway
+    # error) the provider may still carry it out. Until then no lookup may close the
+    # operation as never done.
+    late_landing: timedelta = timedelta(seconds=60)
 
     @property
     def autonomous(self) -> bool:

@@ -629,10 +629,10 @@ def test_it_never_sends_a_call_after_its_lease_ran_out(
     attempt = op.attempts.get(kind=AttemptKind.CALL)
     assert attempt.error_class == "lease_lost" and PaymentIntent.objects.count() == 0
     assert len(payment_posts(op)) == 0  # the stalled worker sent nothing
-    # Once no unanswered call can land, absence is proven; the approval has run out meanwhile.
-    assert engine.operation_reconcile(operation_id=op.id).may_call_again
-    engine.operation_execute(operation_id=op.id)
+    # Nothing was sent, and the approval has run out meanwhile: closed as never done.
+    report = engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
+    assert report.outcome == "absent" and not report.may_call_again
     assert op.status == S.CANCELLED and PaymentIntent.objects.count() == 0
 
 
@@ -720,3 +720,55 @@ def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
     engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == S.ACCEPTED and op.next_reconcile_at is not None
+
+    # A lookup that can never answer again (a mail key past its retention): a person's.
+    FailingLookup.lookup = lambda self, op_: LookupResult(
+        outcome=LookupOutcome.INCONCLUSIVE, reason="key retention window passed")
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.next_reconcile_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_confirms_a_given_up_call_did_not_land_before_closing_it_as_never_done(
+    acme, providers, settings
+):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=2))
+    # The CRM takes 3 s; our client gives up after 1 s, and the deal lands later anyway.
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=3)
+    engine.operation_execute(operation_id=op.id)
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # no deal yet
+    wait_for(lambda: Operation.objects.get(id=op.id).authorization_expires_at < timezone.now(),
+             what="the authorization to run out")
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    # Not cancelled while the given-up call may still land: a lookup confirms first.
+    assert report.outcome == "confirming_absence" and op.status == S.UNKNOWN
+    wait_for(lambda: Deal.objects.filter(agent_operation_id=op.id).exists(),
+             what="the slow create to land")
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    deal = Deal.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id and op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_closes_as_never_done_once_no_call_can_land_and_the_approval_ran_out(
+    acme, approver, providers
+):
+    op = executed_into_a_fault(acme, approver, "http_500")  # nothing written
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1))
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.outcome == "inconclusive" and not report.may_call_again  # may still land
+    # The provider's late-landing window after the call has passed.
+    earlier = timezone.now() - timedelta(minutes=5)
+    Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).update(
+        started_at=earlier, finished_at=earlier)
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.CANCELLED and op.error_code == "authorization"
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 0

@@ -73,9 +73,10 @@ def refuse_secrets_in_text(value: str) -> None:
 
 
 class ReasonForm(forms.Form):
+    # hx-preserve: another action's answer re-renders the panel; what was typed here stays.
     reason = forms.CharField(
         max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 2}),
+        widget=forms.Textarea(attrs={"rows": 2, "hx-preserve": "true"}),
         help_text="Why; written to the audit trail.",
         validators=[refuse_secrets_in_text],
     )
@@ -96,7 +97,7 @@ class ResolveForm(ReasonForm):
     )
     evidence = forms.CharField(
         max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 2}),
+        widget=forms.Textarea(attrs={"rows": 2, "hx-preserve": "true"}),
         label="Evidence",
         help_text="What you verified at the provider, and where.",
         validators=[refuse_secrets_in_text],
@@ -104,6 +105,7 @@ class ResolveForm(ReasonForm):
     provider_reference = forms.CharField(
         required=False, max_length=120, label="Provider reference (optional)",
         validators=[refuse_secrets_in_text],
+        widget=forms.TextInput(attrs={"hx-preserve": "true"}),
     )
 
     field_order = ["outcome", "evidence", "provider_reference", "reason"]

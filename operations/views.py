@@ -144,18 +144,21 @@ def _respond(
     *,
     ok: bool,
     message: str,
+    level: str = "",
     form_key: str = "",
     form: Any = None,
 ) -> HttpResponse:
-    """htmx: re-render the status/actions/timeline panel in place; otherwise PRG."""
+    """htmx: re-render the status/actions/timeline panel in place; otherwise PRG. `level`:
+    "info" for an action that went through but settled nothing."""
     op.refresh_from_db()
+    level = level or ("success" if ok else "error")
     if request.htmx:
         context = _panel_context(
             request,
             op,
             forms={form_key: form} if form is not None and not ok else None,
             notice=message,
-            notice_level="success" if ok else "error",
+            notice_level=level,
         )
         return render(request, f"{DETAIL}#panel", context)
     if form is not None and not ok and form.errors:
@@ -166,7 +169,9 @@ def _respond(
             notice_level="error",
         )
         return render(request, DETAIL, context, status=400)
-    (messages.success if ok else messages.error)(request, message)
+    {"success": messages.success, "info": messages.info}.get(level, messages.error)(
+        request, message
+    )
     return redirect(reverse("operations:detail", args=[op.id]))
 
 
@@ -178,7 +183,7 @@ def _operator_action(
     prefix: str,
     verb: str,
     incomplete: str,
-    act: Callable[[Operation, dict[str, Any]], str],
+    act: Callable[[Operation, dict[str, Any]], str | tuple[str, str]],
 ) -> HttpResponse:
     """One operator button: access (404/403) first, then the form, then the engine; engine
     refusals become a message on the page, never a 500."""
@@ -187,15 +192,16 @@ def _operator_action(
     if not form.is_valid():
         return _respond(request, op, ok=False, message=incomplete, form_key=prefix, form=form)
     try:
-        message = act(op, form.cleaned_data)
+        done = act(op, form.cleaned_data)
     except (EngineError, PermissionDenied) as exc:
         return _respond(request, op, ok=False, message=f"{verb} refused: {exc}")
-    return _respond(request, op, ok=True, message=message)
+    message, level = done if isinstance(done, tuple) else (done, "success")
+    return _respond(request, op, ok=True, message=message, level=level)
 
 
 @require_POST
 def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpResponse:
-    def act(op: Operation, data: dict[str, Any]) -> str:
+    def act(op: Operation, data: dict[str, Any]) -> tuple[str, str]:
         report = operation_reconcile(operation_id=op.id, actor=request.user, reason=data["reason"])
         detail = f" ({report.detail})" if report.detail else ""
         if report.may_call_again:
@@ -203,7 +209,10 @@ def operation_reconcile_view(request: HttpRequest, operation_id: str) -> HttpRes
             # a worker, or it would wait in not_started with nobody to run it.
             execute_on_commit(op.id)
             detail += "; queued to run again with the same key"
-        return f"Reconcile: {report.outcome.replace('_', ' ')}; status {report.status}{detail}."
+        # Green only when the lookup settled something; "still unknown" is news, not success.
+        level = "success" if report.outcome in ("found", "absent") else "info"
+        outcome = report.outcome.replace("_", " ")
+        return f"Reconcile: {outcome}; status {report.status}{detail}.", level
 
     return _operator_action(
         request, operation_id, form_class=ReasonForm, prefix="reconcile", verb="Reconcile",

@@ -154,7 +154,9 @@ def test_it_shows_a_superseded_intents_diff(
 def test_it_fits_a_phone_screen_without_sideways_scrolling(
     live_server, transactional_db, acme, approver, prepare_payment, browser
 ):
-    approval = prepare_payment(acme, invoice_id="inv_" + "9" * 150)  # a very long id too
+    old = prepare_payment(acme, invoice_id="inv_" + "9" * 150)  # a very long id too
+    # A changed intent: its card shows a diff table and a link to the approval it replaces.
+    approval = prepare_payment(acme, supersedes=old.operation, invoice_id="inv_" + "8" * 150)
     context = browser.new_context(viewport={"width": 390, "height": 844})
     page = context.new_page()
     try:
@@ -164,6 +166,9 @@ def test_it_fits_a_phone_screen_without_sideways_scrolling(
             page.goto(f"{live_server.url}{path}")
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 390, (path, width)
+            for table in page.locator("table.diff").all():  # the new value is on screen
+                box = table.bounding_box()
+                assert box is not None and box["x"] + box["width"] <= 390, path
         # Every main link stays on screen.
         for link in page.locator("nav[aria-label=Main] a").all():
             box = link.bounding_box()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -379,3 +380,23 @@ def test_it_tells_an_open_page_that_the_operation_moved_on(acme_unknown, operato
     assert "This operation is now <strong>Disputed (on hold)</strong>" in moved
     assert f'href="/operations/{op.id}/">Reload</a>' in moved
     assert f"seen={seen.replace('@', '%40')}" in moved  # keeps comparing with the page
+
+
+@pytest.mark.django_db
+def test_it_keeps_drafts_and_tells_a_lookup_that_settled_nothing_from_success(
+    acme_unknown, operator, sandbox
+):
+    op = acme_unknown
+    # The sandbox answers every lookup with a 5xx: the reconcile settles nothing.
+    sandbox_fault_set(provider="payments", kind="http_500", match="*", times=10)
+    body = signed_in(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"},
+        HTTP_HX_REQUEST="true",
+    ).content.decode()
+    assert '<li class="info">Reconcile: inconclusive; status unknown' in body
+    # Drafts typed in the other actions survive the panel's re-render (htmx keeps them).
+    fields = {name: attrs for attrs, name in
+              re.findall(r'<(?:textarea|input)([^>]*name="([^"]+)"[^>]*)>', body)}
+    for field in ("resolve-evidence", "resolve-reason", "resolve-provider_reference",
+                  "dispute-reason"):
+        assert "hx-preserve" in fields[field], field

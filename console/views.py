@@ -172,9 +172,7 @@ def audit_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     form = AuditFilterForm(request.GET)
     if not form.is_valid():
         # An export is evidence: a filter that did not parse must not widen it to everything.
-        problems = "; ".join(
-            f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()
-        )
+        problems = "; ".join(form.problems())
         return HttpResponseBadRequest(
             f"The filter was not applied ({problems}); nothing was exported.",
             content_type="text/plain",

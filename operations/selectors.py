@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import Count, Min, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
 from django.http import Http404
 from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
@@ -52,9 +52,14 @@ def audit_events_for_user(
     qs = AuditEvent.objects.filter(tenant_id__in=tenant_ids_for_user(user, perm))
     if filters.actor:
         # People type names as they remember them; usernames are unique regardless of case.
-        qs = qs.filter(actor_username__iexact=filters.actor)
+        # "system" is how the trail shows the engine's own events (no actor).
+        actor = Q(actor_username__iexact=filters.actor)
+        if filters.actor.strip().lower() == "system":
+            actor |= Q(actor_username="")
+        qs = qs.filter(actor)
     if filters.action:
-        qs = qs.filter(action=filters.action)
+        # Action names are lower case in the code; matched exactly, so the index serves.
+        qs = qs.filter(action=filters.action.strip().lower())
     if filters.object:
         qs = qs.filter(object_id=filters.object)
     if filters.since:
@@ -176,7 +181,8 @@ def operations_journal(user, *, filters: OperationFilters):
     if filters.tenant:
         qs = qs.filter(tenant__slug=filters.tenant)
     if filters.action:
-        qs = qs.filter(action=filters.action)
+        # Action names are lower case in the code; matched exactly, so the index serves.
+        qs = qs.filter(action=filters.action.strip().lower())
     if filters.run:
         qs = qs.filter(run_id=filters.run)
     if filters.older_than is not None:

@@ -89,11 +89,16 @@ def test_it_filters_by_actor_action_and_object(trail, auditor):
 
 
 @pytest.mark.django_db
-def test_it_helps_an_auditor_filter_by_name_case_and_time(trail, auditor):
+def test_it_helps_an_auditor_filter_by_name_case_and_time(trail, auditor, acme):
     client = Client()
     client.force_login(auditor)
     html = client.get("/audit/", {"actor": "APPROVER", "action": "intent.reject"}).content.decode()
     assert "apr_0" in html and "apr_1" not in html  # any case of the name
+    html = client.get("/audit/", {"actor": "System", "action": "INTENT.APPROVE"}).content.decode()
+    assert "apr_g" not in html  # another tenant's, though by the system too
+    audit_event_record(actor=None, action="intent.approve", tenant=acme, object_id="apr_sys")
+    html = client.get("/audit/", {"actor": "system", "action": "INTENT.APPROVE"}).content.decode()
+    assert "apr_sys" in html and "apr_1" not in html  # the engine's own events, by name
     # The action names on the trail are offered as suggestions.
     assert '<option value="intent.approve"></option>' in html
     assert '<option value="intent.reject"></option>' in html
@@ -102,6 +107,10 @@ def test_it_helps_an_auditor_filter_by_name_case_and_time(trail, auditor):
     assert "Nothing is shown" in html and "must be later than Since" in html
     assert "apr_" not in html and "No audit events match" not in html
     assert "Time (UTC)" in html and "Since (UTC)" in html
+    assert "Download CSV" not in html  # it would export nothing but an error
+    export = client.get("/audit.csv", {"since": "2026-11-30T12:00", "until": "2026-11-30T11:00"})
+    assert export.status_code == 400 and "__all__" not in export.content.decode()
+    assert "Until (UTC) must be later than Since (UTC)" in export.content.decode()
 
 
 @pytest.mark.django_db
@@ -182,3 +191,14 @@ def test_it_exports_text_that_spreadsheets_will_not_run_and_json_they_can_read(a
     assert cells["reason"] == '\'=HYPERLINK("http://evil.test","open")'
     assert json.loads(cells["before"]) == {"status": "pending"}
     assert json.loads(cells["after"]) == {"status": "rejected"}
+
+
+@pytest.mark.django_db
+def test_it_says_why_a_page_is_not_permitted_and_leads_back(trail, approver):
+    client = Client()
+    client.force_login(approver)
+    response = client.get("/audit/")
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert "the audit trail needs the auditor or admin role" in html
+    assert 'href="/">Back to the dashboard</a>' in html and 'aria-label="Main"' in html

@@ -11,11 +11,18 @@ from celery.signals import task_postrun, task_prerun
 from console.env import settings_load_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-settings_load_or_exit()
 
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@app.on_configure.connect
+def _settings_first(sender, **kwargs) -> None:
+    """The worker and beat read the settings first here: a bad value is one line, not a
+    traceback. Not at import: `make run` and `make test` import this package before the
+    embedded servers they start exist."""
+    settings_load_or_exit()
 
 
 @app.on_after_configure.connect

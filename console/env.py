@@ -190,10 +190,9 @@ CONFIG_ERROR_EXIT = 3
 
 
 def settings_load_or_exit() -> None:
-    """Load Django's settings now, at the start of any process (manage.py, gunicorn, the
-    worker, beat; each imports the console package, whose Celery app calls this): a bad
-    value stops it with one line naming the variable, not a traceback from wherever the
-    settings happened to be read first."""
+    """Load Django's settings now, at the start of a process (manage.py, gunicorn's app, the
+    Celery app as it configures): a bad value stops it with one line naming the variable,
+    not a traceback from wherever the settings happened to be read first."""
     import sys
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")

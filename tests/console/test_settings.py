@@ -165,3 +165,15 @@ def test_it_stops_the_server_worker_and_beat_with_one_line_on_a_bad_setting(argv
     assert result.returncode == 3  # gunicorn halts ("worker failed to boot"), no respawn loop
     assert "configuration error: SECRET_KEY must be set when DEBUG is off" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("configuration error") == 1
+
+
+def test_it_reads_no_settings_when_make_run_and_make_test_start():
+    """`make run` and `make test` import the console package (console.devserver,
+    console.embedded) before the embedded servers exist: that import must not need them."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    env.update(DATABASE_URL="mysql://nobody@nowhere/none", REDIS_URL="nope://")
+    result = subprocess.run(
+        [sys.executable, "-c", "import console.devserver, console.embedded; print('ok')"],
+        cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -119,6 +119,10 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
     lines = _run("list", "--status", "unknown").splitlines()
     assert [line.split("\t")[0] for line in lines] == [second.id, first.id]
     assert _run("list", "--status", "unknown", "--limit", "1").splitlines()[0].startswith(second.id)
+    # None of a status: no lines for a script, an answer for a person.
+    out, err = io.StringIO(), io.StringIO()
+    call_command("operations", "list", "--status", "disputed", stdout=out, stderr=err)
+    assert out.getvalue() == "" and err.getvalue() == "no disputed operations\n"
     assert acme_payment.id not in _run("list", "--status", "unknown")
 
 

@@ -160,8 +160,13 @@ class Command(BaseCommand):
             .select_related("tenant")
             .order_by("-id")[: options["limit"]]
         )
+        shown = 0
         for op in ops:
+            shown += 1
             self.stdout.write(
                 f"{op.id}\t{op.status}\t{op.tenant.slug}\t{op.action}\t"
                 f"{op.external_id or '-'}\t{intent_summary(action=op.action, payload=op.payload)}"
             )
+        if not shown:
+            # On stderr: a script reading stdout still gets no lines, a person gets an answer.
+            self.stderr.write(f"no {options['status']} operations")

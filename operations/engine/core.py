@@ -29,7 +29,6 @@ from operations.providers.base import (
     CallOutcome,
     OperationSnapshot,
     ProviderAdapter,
-    ToolContract,
 )
 from operations.services import audit_event_record
 
@@ -51,6 +50,13 @@ class TransitionRefused(EngineError):
 
 def lease_duration() -> timedelta:
     return timedelta(seconds=settings.OPERATION_LEASE_SECONDS)
+
+
+def call_reach() -> timedelta:
+    """How long after its claim a call that got no answer may still reach the provider: it
+    may have been sent as late as its lease ran out (execute sends nothing after), then
+    taken up to the client's timeout."""
+    return lease_duration() + timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
 
 
 def worker_name() -> str:
@@ -125,12 +131,8 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         )
     last_call_at = None
     if call is not None:
-        # The provider may act at any moment until the answer arrives. An unanswered call
-        # may have been sent as late as its lease ran out (execute sends nothing after), and
-        # then taken up to the client's timeout.
-        last_call_at = call["finished_at"] or call["started_at"] + lease_duration() + timedelta(
-            seconds=settings.PROVIDER_TIMEOUT_SECONDS
-        )
+        # The provider may act at any moment until the answer arrives.
+        last_call_at = call["finished_at"] or call["started_at"] + call_reach()
     return OperationSnapshot(
         id=op.id,
         action=op.action,
@@ -142,19 +144,25 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
     )
 
 
-def unanswered_call_lands_by(op: Operation, contract: ToolContract) -> datetime | None:
-    """Until when a call without a definite answer may still be carried out by the provider:
-    one that never got any answer (its worker died or stalled) may have been sent as late as
-    its lease ran out, then taken the client's timeout; one the client gave up on (timeout,
-    lost connection, 5xx) may still be worked on after that. None when there is no such call.
-    A call refused before it was sent (lease_lost) does not count."""
-    late = contract.late_landing
-    in_flight = lease_duration() + timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
+def unanswered_call_lands_by(
+    op: Operation, *, late_landing: timedelta | None = None
+) -> datetime | None:
+    """Until when a call without a definite answer may still be carried out by the provider;
+    None when there is no such call.
+
+    Without `late_landing`: the calls that never got any answer (their worker died or
+    stalled), each until its claim plus call_reach(). Enough before calling again, which the
+    provider dedups (by key, natural key or version). With it (the contract's, before
+    closing an operation as never done): those calls and the ones the client gave up on
+    (timeout, lost connection, 5xx) too, each that much longer. A call refused before it
+    was sent (lease_lost) never counts."""
+    unanswered = Q(finished_at__isnull=True)
+    if late_landing is not None:
+        unanswered |= Q(outcome=AttemptOutcome.UNKNOWN)
     ends = [
-        (finished or started + in_flight) + late
+        (finished or started + call_reach()) + (late_landing or timedelta(0))
         for started, finished in Attempt.objects.filter(
-            Q(finished_at__isnull=True) | Q(outcome=AttemptOutcome.UNKNOWN),
-            operation_id=op.id, kind=AttemptKind.CALL,
+            unanswered, operation_id=op.id, kind=AttemptKind.CALL,
         ).exclude(error_class="lease_lost").values_list("started_at", "finished_at")
     ]
     return max(ends, default=None)

@@ -75,7 +75,9 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
     if problem and op.provider_calls:
         # Calls were made (a lookup proved them absent), and one the client gave up on may
         # still be carried out: not closed as never done until a later lookup confirms it.
-        lands_by = unanswered_call_lands_by(op, core.adapter(op.action).contract)
+        lands_by = unanswered_call_lands_by(
+            op, late_landing=core.adapter(op.action).contract.late_landing
+        )
         now = timezone.now()
         recheck = now + timedelta(seconds=settings.RECONCILE_DELAY_SECONDS)
         confirming = transition(

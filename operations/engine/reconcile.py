@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -13,7 +13,6 @@ from django.db.models import (
     DurationField,
     ExpressionWrapper,
     F,
-    Max,
     Q,
     QuerySet,
     Value,
@@ -26,7 +25,6 @@ from operations.engine.core import (
     LOOKUP_STATUS,
     S,
     accepted_recheck_at,
-    lease_duration,
     lease_expired,
     logger,
     next_attempt_number,
@@ -219,51 +217,39 @@ def _record_lookup(
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
-    lands_by = _unfinished_call_lands_by(op)
-    if (
-        found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN
-        and lands_by is not None and lands_by > now
-    ):
-        # A call that never got its answer (its worker died or stalled) may still reach the
-        # provider until its lease ran out, and take up to the timeout there: absent so far
-        # is not absent.
-        _lookup_noted(
-            op, calls_before=calls_before,
-            summary="absent so far, but an unanswered call may still land until "
-            f"{lands_by:%H:%M:%S}; next check then", data=data, actor=actor,
-            next_reconcile_at=lands_by,
+    if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
+        problem = authorization_problem(op)
+        # Absent so far is not absent while an earlier call may still reach the provider.
+        # Calling again waits only for calls that never got an answer (the provider dedups
+        # a repeat); closing as never done, when no call may follow, waits out the calls
+        # the client gave up on too.
+        lands_by = unanswered_call_lands_by(
+            op, late_landing=contract.late_landing if problem else None
         )
-        return ReconcileReport(op.id, "inconclusive", op.status, "an unanswered call may land")
-
-    problem = authorization_problem(op)
-    if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN and problem:
-        # It may not be called again. Closed as never done only once no call it made can
-        # still be carried out by the provider; until then, looked up again.
-        settles_by = unanswered_call_lands_by(op, contract)
-        if settles_by is not None and settles_by > now:
+        if lands_by is not None and lands_by > now:
             _lookup_noted(
                 op, calls_before=calls_before,
-                summary=f"absent so far ({problem}); an earlier call may still land until "
-                f"{settles_by:%H:%M:%S}; next check then", data=data, actor=actor,
-                next_reconcile_at=settles_by,
+                summary="absent so far, but an earlier call may still land until "
+                f"{lands_by:%H:%M:%S}; next check then", data=data, actor=actor,
+                next_reconcile_at=lands_by,
             )
             return ReconcileReport(op.id, "inconclusive", op.status, "a call may still land")
-        transition(
-            op,
-            to=S.CANCELLED,
-            sources={S.UNKNOWN},
-            extra=Q(provider_calls=calls_before),
-            evidence_kind=EvidenceKind.LOOKUP,
-            summary=f"provider lookup ({found.method}) proved no effect exists after every "
-            f"call could have landed; not called again: {problem}",
-            data=data,
-            fields={"error_code": "authorization", "error_message": problem},
-            actor=actor,
-        )
-        op.refresh_from_db()
-        return ReconcileReport(op.id, "absent", op.status, problem)
+        if problem:
+            transition(
+                op,
+                to=S.CANCELLED,
+                sources={S.UNKNOWN},
+                extra=Q(provider_calls=calls_before),
+                evidence_kind=EvidenceKind.LOOKUP,
+                summary=f"provider lookup ({found.method}) proved no effect exists after "
+                f"every call could have landed; not called again: {problem}",
+                data=data,
+                fields={"error_code": "authorization", "error_message": problem},
+                actor=actor,
+            )
+            op.refresh_from_db()
+            return ReconcileReport(op.id, "absent", op.status, problem)
 
-    if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
         # Absence proven by an authoritative lookup makes a new call safe where the provider
         # dedups by key, or where a natural key / expected version turns a duplicate into a
         # refusal instead of a second effect.
@@ -340,19 +326,6 @@ def _record_lookup(
         data=data, actor=actor, next_reconcile_at=retry_at,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
-
-
-def _unfinished_call_lands_by(op: Operation) -> datetime | None:
-    """Until when a call that never got any answer may still reach the provider: sent at
-    the latest as its lease ran out (execute never sends past it), then the client's
-    timeout. Enough before calling again, which the provider dedups (by key, natural key or
-    version); closing an operation as never done waits longer (unanswered_call_lands_by)."""
-    started = Attempt.objects.filter(
-        operation_id=op.id, kind=AttemptKind.CALL, finished_at__isnull=True
-    ).aggregate(latest=Max("started_at"))["latest"]
-    if started is None:
-        return None
-    return started + lease_duration() + timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
 
 
 def _lookup_noted(

@@ -328,27 +328,30 @@ def _mask_value(value: Any, how: str) -> str:
         return mask_digits(str(value))
     if how == "params":
         if isinstance(value, Mapping):
-            return ", ".join(
-                f"{_mask_key(k)}: {_mask_nested(v, mask_plain_text=True)}"
-                for k, v in sorted(value.items())
-            )
+            return _params(value, masked=True)
         return mask_text(str(value))
     if how == "patch":
-        return _mask_patch(value)
+        return _patch(value, masked=True)
     return _display(value)
 
 
-def _mask_nested(value: Any, *, mask_plain_text: bool) -> str:
-    """Emails and account-like numbers are masked at any depth. Other text is masked too
-    where it is free text about a person (template parameters), and kept where it is what
-    the approver must read (the fields a deal change moves)."""
+def _nested(value: Any, *, masked: bool, mask_plain_text: bool = False) -> str:
+    """Nested values laid out one way, masked or not. Masked, emails and account-like
+    numbers are masked at any depth; other text is masked too where it is free text about a
+    person (template parameters), and kept where it is what the approver must read (the
+    fields a deal change moves)."""
     if isinstance(value, Mapping):
-        inner = (f"{_mask_key(k)}: {_mask_nested(v, mask_plain_text=mask_plain_text)}"
-                 for k, v in sorted(value.items()))
+        inner = (
+            f"{_key(k, masked=masked)}: "
+            f"{_nested(v, masked=masked, mask_plain_text=mask_plain_text)}"
+            for k, v in sorted(value.items())
+        )
         return "{" + ", ".join(inner) + "}"
     if isinstance(value, list):
-        inner = (_mask_nested(v, mask_plain_text=mask_plain_text) for v in value)
+        inner = (_nested(v, masked=masked, mask_plain_text=mask_plain_text) for v in value)
         return "[" + ", ".join(inner) + "]"
+    if not masked:
+        return str(value)
     if isinstance(value, int) and not isinstance(value, bool):
         # An account or phone number sent as a JSON number is still one.
         return mask_digits(str(value))
@@ -363,24 +366,34 @@ def _mask_nested(value: Any, *, mask_plain_text: bool) -> str:
     return str(value)
 
 
-def _mask_key(key: str) -> str:
-    return mask_email(key) if _EMAIL.match(key) else key
+def _key(key: str, *, masked: bool) -> str:
+    return mask_email(key) if masked and _EMAIL.match(key) else key
 
 
-def _mask_patch(value: Mapping[str, Any]) -> str:
-    """A deal change stays readable (the approver must see what moves), except what is
-    personal: a field the deal schema masks (the owner's email), and anything that looks
+def _params(value: Mapping[str, Any], *, masked: bool) -> str:
+    """Template parameters: free text about a person, masked whole unless asked."""
+    return ", ".join(
+        f"{_key(k, masked=masked)}: {_nested(v, masked=masked, mask_plain_text=True)}"
+        for k, v in sorted(value.items())
+    )
+
+
+def _patch(value: Mapping[str, Any], *, masked: bool) -> str:
+    """A deal change stays readable (the approver must see what moves). Masked, except what
+    is personal: a field the deal schema masks (the owner's email), and anything that looks
     like an email address or an account number wherever it sits."""
     masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
 
     def shown(name: str, moved: Any) -> str:
         if name in _TYPED_NUMBERS and isinstance(moved, int):
             return _patch_amount(value, moved)  # what the approver must see move
-        if masks.get(name):
+        if masked and masks.get(name):
             return _mask_value(moved, masks[name])
-        return _mask_nested(moved, mask_plain_text=False)
+        return _nested(moved, masked=masked)
 
-    return ", ".join(f"{_mask_key(k)} → {shown(k, v)}" for k, v in sorted(value.items()))
+    return ", ".join(
+        f"{_key(k, masked=masked)} → {shown(k, v)}" for k, v in sorted(value.items())
+    )
 
 
 def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
@@ -389,23 +402,6 @@ def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
         return money_format(amount_minor, currency)
     # The deal keeps its own currency, which the change does not name.
     return f"{amount_minor} in minor units of the deal's currency"
-
-
-def _patch_display(patch: Mapping[str, Any]) -> str:
-    """A deal change unmasked: as the masked form, with every value as it is."""
-    return ", ".join(
-        f"{k} → {_patch_amount(patch, v) if k in _TYPED_NUMBERS and isinstance(v, int) else v}"
-        for k, v in sorted(patch.items())
-    )
-
-
-def _nested_display(value: Any) -> str:
-    """Template parameters unmasked, laid out as their masked form is."""
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_nested_display(v)}" for k, v in sorted(value.items())) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_nested_display(v) for v in value) + "]"
-    return str(value)
 
 
 def _display(value: Any) -> str:
@@ -435,9 +431,9 @@ def intent_rows(
         if spec.name == "amount_minor":
             shown = money_format(value, payload.get("currency", ""))
         elif unmasked and spec.mask == "patch" and isinstance(value, Mapping):
-            shown = _patch_display(value)
+            shown = _patch(value, masked=False)
         elif unmasked and spec.mask == "params" and isinstance(value, Mapping):
-            shown = ", ".join(f"{k}: {_nested_display(v)}" for k, v in sorted(value.items()))
+            shown = _params(value, masked=False)
         elif unmasked:
             shown = _display(value)
         else:
@@ -466,7 +462,7 @@ def intent_summary(*, action: str, payload: Mapping[str, Any], unmasked: bool = 
     if action == Action.CRM_UPDATE_DEAL:
         return (
             f"Change deal {p['target']} (version {p['expected_version']}): "
-            f"{_patch_display(p['patch']) if unmasked else _mask_patch(p['patch'])}"
+            f"{_patch(p['patch'], masked=not unmasked)}"
         )
     if action == Action.MAIL_SEND:
         return f"Email “{p['template']}” to {shown(p['to'], mask_email)}"

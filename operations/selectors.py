@@ -181,8 +181,7 @@ def operations_journal(user, *, filters: OperationFilters):
     if filters.tenant:
         qs = qs.filter(tenant__slug=filters.tenant)
     if filters.action:
-        # Action names are lower case in the code; matched exactly, so the index serves.
-        qs = qs.filter(action=filters.action.strip().lower())
+        qs = qs.filter(action=filters.action)
     if filters.run:
         qs = qs.filter(run_id=filters.run)
     if filters.older_than is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,8 +194,6 @@ def settings_load_or_exit() -> None:
     """Load Django's settings now, at the start of a process (manage.py, gunicorn's app, the
     Celery app as it configures): a bad value stops it with one line naming the variable,
     not a traceback from wherever the settings happened to be read first."""
-    import sys
-
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     try:
         from django.conf import settings

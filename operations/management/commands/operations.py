@@ -155,18 +155,16 @@ class Command(BaseCommand):
     def _list(self, options: dict[str, Any]) -> None:
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
-        ops = (
+        ops = list(
             Operation.objects.filter(status=options["status"])
             .select_related("tenant")
             .order_by("-id")[: options["limit"]]
         )
-        shown = 0
         for op in ops:
-            shown += 1
             self.stdout.write(
                 f"{op.id}\t{op.status}\t{op.tenant.slug}\t{op.action}\t"
                 f"{op.external_id or '-'}\t{intent_summary(action=op.action, payload=op.payload)}"
             )
-        if not shown:
+        if not ops:
             # On stderr: a script reading stdout still gets no lines, a person gets an answer.
             self.stderr.write(f"no {options['status']} operations")

@@ -4,6 +4,10 @@ Execute and reconcile use acks_late: a worker that dies mid-task leaves its mess
 unacknowledged, and the broker hands it out again after the visibility timeout (at once,
 under the prefork pool, when only a child process died: reject_on_worker_lost). The engine's
 claim and lease make the second delivery harmless.
+
+Their return values are not stored: what happened is in the journal, and nothing reads a
+result, which would otherwise sit in Redis for CELERY_RESULT_EXPIRES per operation. A caller
+that wants the outcome (a test) asks for it with apply_async(ignore_result=False).
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from django.db import transaction
 from operations import engine
 
 
-@shared_task(name="operations.execute_operation", acks_late=True, reject_on_worker_lost=True)
+@shared_task(
+    name="operations.execute_operation", acks_late=True, reject_on_worker_lost=True,
+    ignore_result=True,
+)
 def execute_operation(operation_id: str) -> str:
     return engine.operation_execute(operation_id=operation_id).outcome
 
 
-@shared_task(name="operations.reconcile_operation", acks_late=True, reject_on_worker_lost=True)
+@shared_task(
+    name="operations.reconcile_operation", acks_late=True, reject_on_worker_lost=True,
+    ignore_result=True,
+)
 def reconcile_operation(operation_id: str) -> str:
     report = engine.operation_reconcile(operation_id=operation_id)
     if report.may_call_again:
@@ -28,7 +38,7 @@ def reconcile_operation(operation_id: str) -> str:
     return report.outcome
 
 
-@shared_task(name="operations.sweep_operations")
+@shared_task(name="operations.sweep_operations", ignore_result=True)
 def sweep_operations() -> int:
     """Beat: expired leases and due re-checks each get one reconcile task; operations that
     should be running but were never claimed get their execute again."""

@@ -61,7 +61,9 @@ def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
         **providers, "PROVIDER_TIMEOUT_SECONDS": "30", "OPERATION_LEASE_SECONDS": "2",
         "CELERY_VISIBILITY_TIMEOUT": "4",
     })
-    first = execute_operation.apply_async(args=[op.id], queue=worker_pool.queue)
+    first = execute_operation.apply_async(
+        args=[op.id], queue=worker_pool.queue, ignore_result=False
+    )
     wait_for(lambda: PaymentIntent.objects.filter(
         metadata__operation_id=op.id).exists(), what="the sandbox to commit the payment")
     # The provider has committed; the worker is waiting for an answer. Kill it outright.
@@ -79,7 +81,7 @@ def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
         "CELERY_VISIBILITY_TIMEOUT": "4", "CELERY_UNACKED_RESTORE_SECONDS": "1",
     })
     time.sleep(2.5)  # past the lease
-    sweep_operations.apply_async(queue=worker_pool.queue).get(timeout=20)
+    sweep_operations.apply_async(queue=worker_pool.queue, ignore_result=False).get(timeout=20)
     wait_for(lambda: Operation.objects.get(id=op.id).status == S.SUCCEEDED, timeout=40,
              what="reconciliation to find the payment")
     # The killed worker's message comes back (acks_late) and runs: it must call nobody.
@@ -107,7 +109,8 @@ def test_it_makes_one_call_when_eight_workers_receive_the_same_execute(
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
     worker_pool.start(concurrency=8, pool=pool,
                       extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "10"})
-    results = [execute_operation.apply_async(args=[op.id], queue=worker_pool.queue)
+    results = [execute_operation.apply_async(args=[op.id], queue=worker_pool.queue,
+                                           ignore_result=False)
                for _ in range(8)]
     outcomes = sorted(r.get(timeout=60) for r in results)
     op.refresh_from_db()

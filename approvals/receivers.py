@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from django.urls import reverse
+
 from operations.models import Operation
+from operations.signals import RelatedPage
 
 
 def on_operation_prepared(
@@ -16,3 +19,25 @@ def on_operation_prepared(
     elif supersedes is not None:
         # The new intent needs no person; the old one's request must not stay approvable.
         approvals_supersede_for(operation=supersedes, new_approval=None)
+
+
+def on_operation_related_pages(
+    sender, *, operation: Operation, **kwargs
+) -> list[RelatedPage]:
+    # The operation's page names who approved; the approval's page keeps the rest (the
+    # comment, the diff against the intent it replaced), newest request first.
+    from approvals.models import Approval
+
+    pages = []
+    for approval in (
+        Approval.objects.filter(operation=operation).select_related("decided_by").order_by("-id")
+    ):
+        note = approval.get_status_display().lower()
+        if approval.decided_by:
+            note += f" by {approval.decided_by.username}"
+        pages.append(RelatedPage(
+            label=f"Approval {approval.id}",
+            url=reverse("approvals:detail", args=[approval.id]),
+            note=note,
+        ))
+    return pages

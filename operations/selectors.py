@@ -23,6 +23,7 @@ from operations.models import (
     OperationStatus,
     Tenant,
 )
+from operations.signals import RelatedPage, operation_related_pages
 
 
 def tenants_for_user(user, perm: str = "view_tenant") -> QuerySet[Tenant]:
@@ -221,6 +222,18 @@ def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
         raise Http404("no such operation")
     tenant_access_require(user, op.tenant, perm, what="operation")
     return op
+
+
+def related_pages_for_user(user, op: Operation) -> list[RelatedPage]:
+    """Pages other apps keep about the operation (its approvals), for a user who may see
+    it: operation_for_user has already checked that."""
+    return [
+        page
+        for _receiver, pages in operation_related_pages.send(
+            sender=Operation, operation=op, user=user
+        )
+        for page in pages or ()
+    ]
 
 
 def tenant_access_require(user, tenant: Tenant, perm: str, *, what: str) -> None:

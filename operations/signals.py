@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.dispatch import Signal
 
 # Sent inside the transaction that creates an operation, so what approvals does about it
@@ -8,3 +10,19 @@ from django.dispatch import Signal
 # intent's pending approval when it does not. kwargs: operation, supersedes (the replaced
 # operation or None).
 operation_prepared = Signal()
+
+
+@dataclass(frozen=True)
+class RelatedPage:
+    """A page another app keeps about an operation, linked from the operation's page."""
+
+    label: str
+    url: str
+    note: str = ""
+
+
+# Sent while an operation's page is rendered, for a user who may see the operation: each
+# receiver answers with a list of RelatedPage (approvals: the requests for this intent and
+# their decisions), so the page links to them while operations imports no other app.
+# kwargs: operation, user.
+operation_related_pages = Signal()

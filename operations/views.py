@@ -32,6 +32,7 @@ from operations.selectors import (
     operations_journal,
     operations_unknown_count,
     operations_unknown_queue,
+    related_pages_for_user,
     tenants_for_user,
 )
 from operations.tasks import execute_on_commit
@@ -135,6 +136,7 @@ def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **pane
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "superseded_by": Operation.objects.filter(supersedes_id=op.id).only("id").first(),
+        "related_pages": related_pages_for_user(request.user, op),
     }
 
 

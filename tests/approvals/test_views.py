@@ -391,3 +391,22 @@ def test_it_counts_the_intents_waiting_on_the_dashboard(acme, approver, other_te
     assert 'href="/approvals/">1</a>' in html and "first expires in" in html
     # Another tenant's user: nothing of acme's queue.
     assert signed_in(other_tenant_user).get("/").context["waiting"]["count"] == 0
+
+
+def test_it_links_an_operation_page_to_its_approval_requests(
+    acme, approver, operator, prepare_payment
+):
+    from approvals.services import approval_approve
+
+    first = prepare_payment(acme)
+    second = prepare_payment(acme, supersedes=first.operation, amount_minor=1_300_000)
+    approval_approve(approval_id=second.id, actor=approver, comment="checked the invoice")
+    url = reverse("operations:detail", args=[second.operation_id])
+    html = signed_in(operator).get(url).content.decode()
+    assert reverse("approvals:detail", args=[second.id]) in html
+    assert f"Approval {second.id}" in html and f"approved by {approver.username}" in html
+    # Only this intent's requests: the replaced intent's approval is on its own page.
+    assert reverse("approvals:detail", args=[first.id]) not in html
+    old = signed_in(operator).get(reverse("operations:detail", args=[first.operation_id]))
+    assert reverse("approvals:detail", args=[first.id]) in old.content.decode()
+    assert "superseded" in old.content.decode()

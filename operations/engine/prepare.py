@@ -196,7 +196,13 @@ def operation_authorize(
 ) -> Operation:
     """Record that a person approved exactly this intent (hash) until `expires_at`."""
     with transaction.atomic():
-        op = Operation.objects.select_for_update().select_related("tenant").get(id=operation_id)
+        # OF self: a plain FOR UPDATE would lock the joined tenant row too, and hold every
+        # insert of that tenant (its intents, audit rows) until this approval commits.
+        op = (
+            Operation.objects.select_for_update(of=("self",))
+            .select_related("tenant")
+            .get(id=operation_id)
+        )
         if op.payload_hash != approved_hash:
             raise AuthorizationRefused(
                 f"the approved hash {approved_hash[:19]}… is not this intent's "

@@ -3,11 +3,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals.models import Approval, ApprovalStatus
 from approvals.services import ApprovalRefused, approval_approve
+from operations.engine import operation_authorize
 from operations.models import AuditEvent, Operation
+from tests.helpers import Background
 
 
 @pytest.mark.django_db(transaction=True)
@@ -89,3 +91,35 @@ def test_it_locks_the_operation_before_the_approval_as_a_supersede_does(
     holder.join()
     assert decision.join().status == ApprovalStatus.APPROVED
     assert no_execute == [approval.operation_id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_the_tenant_free_for_other_intents_while_an_approval_commits(
+    acme, approver, prepare_payment
+):
+    approval = prepare_payment(acme)
+    authorized, release = threading.Event(), threading.Event()
+
+    def approve_and_hold() -> None:  # an approval's transaction, not yet committed
+        with transaction.atomic():
+            operation_authorize(
+                operation_id=approval.operation_id, approved_hash=approval.payload_hash,
+                policy_version=approval.policy_version, approved_by=approver,
+                expires_at=approval.expires_at,
+            )
+            authorized.set()
+            release.wait(timeout=20)
+
+    holder = Background(approve_and_hold)
+    assert authorized.wait(timeout=10)
+    try:
+        # The agent prepares another payment of the same tenant meanwhile: its insert takes
+        # KEY SHARE on the tenant row, which a FOR UPDATE of that row blocks.
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '1s'")
+            other = prepare_payment(acme, invoice_id="inv_other")
+        assert isinstance(other, Approval)
+    finally:
+        release.set()
+        holder.join()

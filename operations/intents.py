@@ -504,11 +504,15 @@ def intent_diff(
                     )
                 )
             continue
-        if old_payload.get(spec.name) == new_payload.get(spec.name):
-            continue
         old = old_rows.get(spec.name)
         new = new_rows.get(spec.name)
         old_shown, new_shown = old.value if old else "—", new.value if new else "—"
+        if old_payload.get(spec.name) == new_payload.get(spec.name):
+            # Unchanged, unless it reads differently: the same minor units in a currency
+            # of another exponent are another amount (1,250,000 minor units: KZT → JPY).
+            if old_shown != new_shown:
+                diff.append(DiffRow(spec.label, old_shown, new_shown))
+            continue
         if old_shown == new_shown:
             # Different values that mask alike (same last four): say so, or the approver
             # would see a change row that shows no change.

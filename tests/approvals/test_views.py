@@ -410,3 +410,13 @@ def test_it_links_an_operation_page_to_its_approval_requests(
     old = signed_in(operator).get(reverse("operations:detail", args=[first.operation_id]))
     assert reverse("approvals:detail", args=[first.id]) in old.content.decode()
     assert "superseded" in old.content.decode()
+
+
+def test_it_shows_the_amount_a_currency_change_makes(acme, approver, prepare_payment):
+    old = prepare_payment(acme)  # 1,250,000 minor units of KZT: 12,500.00 KZT
+    # Same minor units, in a currency without minor units: a hundred times the money.
+    new = prepare_payment(acme, supersedes=old.operation, currency="JPY")
+    html = signed_in(approver).get(reverse("approvals:detail", args=[new.id])).content.decode()
+    assert '<del class="old">KZT</del>' in html
+    assert '<del class="old">12,500.00 KZT</del>' in html
+    assert '<ins class="new">1,250,000 JPY</ins>' in html

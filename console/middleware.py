@@ -1,0 +1,40 @@
+"""Signing in again after the session ran out, from a fragment or a form."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from django.contrib.auth import middleware as auth_middleware
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpResponse
+from django.shortcuts import resolve_url
+from django.utils.http import url_has_allowed_host_and_scheme
+
+
+class LoginRequiredMiddleware(auth_middleware.LoginRequiredMiddleware):
+    """As Django's, but never sends a person back to a fragment or a POST-only URL: htmx
+    follows a redirect itself (the sign-in page would be swapped into a card or the queue),
+    and after signing in a GET of `/approve` is a 405. They return to the page they were on."""
+
+    def handle_no_permission(self, request, view_func):
+        is_htmx = request.headers.get("HX-Request") == "true"
+        if not is_htmx and request.method in ("GET", "HEAD"):
+            return super().handle_no_permission(request, view_func)
+        page = request.headers.get("HX-Current-URL") if is_htmx else request.headers.get(
+            "Referer"
+        )
+        here = "/"
+        if page and url_has_allowed_host_and_scheme(
+            page, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            parts = urlsplit(page)
+            here = parts.path + (f"?{parts.query}" if parts.query else "")
+        login = redirect_to_login(
+            here, resolve_url(self.get_login_url(view_func)),
+            self.get_redirect_field_name(view_func),
+        )
+        if not is_htmx:
+            return login
+        response = HttpResponse(status=204)  # nothing to swap; the browser goes to sign in
+        response["HX-Redirect"] = login["Location"]
+        return response

@@ -151,9 +151,7 @@ def test_it_refuses_the_launcher_of_the_run(acme, approver, prepare_payment):
         conversation_id="conv_1", tenant=acme, workflow_name="pay", workflow_version=1,
         state_schema_version=1, launched_by=approver,
     )
-    # No command_id: operation_prepare's run+command lookup hits an engine bug (FOR UPDATE
-    # on an outer join), reported; the four-eyes rule only needs the run.
-    approval = prepare_payment(acme, run=run)
+    approval = prepare_payment(acme, run=run, command_id="cmd_pay_1")
     with pytest.raises(ApprovalRefused, match="Four eyes"):
         approval_approve(approval_id=approval.id, actor=approver)
 

@@ -6,7 +6,7 @@ document.addEventListener("htmx:confirm", (event) => {
   const active = document.activeElement;
   if (
     list.hasAttribute("data-pause-while-typing") &&
-    active && list.contains(active) && active.matches("textarea, input, select")
+    active && active !== document.body && list.contains(active)
   ) {
     event.preventDefault();
   }
@@ -24,4 +24,29 @@ document.addEventListener("htmx:historyRestore", () => {
       }
     }
   }
+});
+
+// A swap that removed the focused element (the Approve button, Resolve, Older…) would drop
+// keyboard and screen-reader users on <body>, at the top of the page, hearing nothing. Put
+// focus on what the answer says (its alert or status), else on the first control of the new
+// content. Polls never get here: the lists pause while anything in them has focus.
+const heldFocus = new WeakSet();
+document.addEventListener("htmx:beforeSwap", (event) => {
+  const active = document.activeElement;
+  if (active && active !== document.body && event.detail.target.contains(active)) {
+    heldFocus.add(event.detail.target);
+  }
+});
+document.addEventListener("htmx:afterSettle", (event) => {
+  if (!heldFocus.delete(event.detail.target)) return;
+  const active = document.activeElement;
+  if (active && active !== document.body && active.isConnected) return;  // htmx kept it
+  const target = event.detail.target;
+  const root = target.isConnected ? target : target.id && document.getElementById(target.id);
+  if (!root) return;
+  const spot = root.querySelector("[data-focus-after-swap], [role=alert], [role=status]")
+    || root.querySelector("a[href], button, textarea, input, select");
+  if (!spot) return;
+  if (!spot.matches("a[href], button, textarea, input, select")) spot.tabIndex = -1;
+  spot.focus();
 });

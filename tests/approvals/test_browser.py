@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from approvals.models import Approval, ApprovalStatus
 from operations.models import Operation, OperationStatus
@@ -109,6 +110,8 @@ def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     assert answer.value.request.headers.get("hx-request") == "true"
     page.locator(f"#card-{approval.id} [data-status=approved]").wait_for()
     assert page.evaluate("window.__notReloaded === true")
+    # The Approve button is gone with the swap: focus goes to the answer, not to <body>.
+    expect(page.locator(f"#card-{approval.id} [role=status]")).to_be_focused()
     assert "invoice matches the contract" in page.locator(f"#card-{approval.id}").inner_text()
     # The counts follow the decision at once, not at the next 15-second poll.
     page.locator("#approval-counts", has_text="Approved (24 h): 1").wait_for(timeout=5_000)
@@ -193,6 +196,10 @@ def test_it_holds_the_queue_refresh_while_an_approver_types(
         comment = page.locator("textarea[name=comment]").first
         comment.click()
         comment.type("checking the invoice")
+        # On to the Approve button, about to press it: the refresh must not take it away.
+        page.keyboard.press("Tab")
+        approve = page.get_by_role("button", name="Approve").first
+        expect(approve).to_be_focused()
         page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
         scrolled = page.evaluate("window.scrollY")
         assert scrolled > 500
@@ -201,6 +208,7 @@ def test_it_holds_the_queue_refresh_while_an_approver_types(
         assert polls == []
         assert page.evaluate("window.scrollY") == scrolled
         assert comment.input_value() == "checking the invoice"
+        expect(approve).to_be_focused()
     finally:
         context.close()
 
@@ -208,8 +216,6 @@ def test_it_holds_the_queue_refresh_while_an_approver_types(
 def test_it_shows_the_filter_of_the_page_back_brings_back(
     live_server, transactional_db, acme, operator, page
 ):
-    from playwright.sync_api import expect
-
     _sign_in(page, live_server, "operator")
     page.goto(f"{live_server.url}/operations/")
     status = page.locator("form.filters select[name=status]")

@@ -1,9 +1,24 @@
 from __future__ import annotations
 
 from django import forms
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
 
 from operations.forms import FilterForm
 from operations.selectors import AuditFilters
+
+
+class LoginForm(AuthenticationForm):
+    def clean(self):
+        try:
+            return super().clean()
+        except ValidationError:
+            # The refusal is the form's, not a field's, so Django marks no field invalid;
+            # the username field, which gets the focus again, points at the message.
+            self.fields["username"].widget.attrs.update(
+                {"aria-invalid": "true", "aria-describedby": "login-error"}
+            )
+            raise
 
 
 class AuditFilterForm(FilterForm):

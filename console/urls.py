@@ -6,11 +6,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console import views
+from console.forms import LoginForm
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("healthz", views.healthz, name="healthz"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("audit/", views.audit_list, name="audit"),
     path("audit.csv", views.audit_csv, name="audit_csv"),

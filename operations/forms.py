@@ -24,13 +24,18 @@ class FilterForm(forms.Form):
     the page says why in the words on the form."""
 
     def problems(self) -> list[str]:
-        problems = [
-            "the page link is not valid; start again from the first page" if field.is_hidden
-            else f"{field.label} — {' '.join(field.errors)}"
+        return [text for _, text in self.problem_items()]
+
+    def problem_items(self) -> list[tuple[str, str]]:
+        """(id, text): the id is the one Django's aria-describedby on the field names."""
+        items = [
+            (f"{field.auto_id}_error",
+             "the page link is not valid; start again from the first page" if field.is_hidden
+             else f"{field.label} — {' '.join(field.errors)}")
             for field in self
             if field.errors
-        ] + list(self.non_field_errors())
-        return [problem.rstrip(".") for problem in problems]  # the page ends the sentence
+        ] + [("", error) for error in self.non_field_errors()]
+        return [(id_, text.rstrip(".")) for id_, text in items]  # the page ends the sentence
 
 
 # A page cursor is an id the page itself wrote: anything else is refused, not searched for.

@@ -70,6 +70,26 @@ def test_it_refuses_a_post_without_a_csrf_token(approver):
 
 
 @pytest.mark.django_db
+def test_it_points_the_username_field_at_a_refused_sign_in(approver):
+    html = Client().post("/login/", {"username": "approver", "password": "wrong"}).content.decode()
+    assert '<p class="error" id="login-error">' in html
+    field = re.search(r'<input type="text" name="username"[^>]*>', html).group(0)
+    assert 'aria-invalid="true"' in field and 'aria-describedby="login-error"' in field
+    fresh = Client().get("/login/").content.decode()
+    assert "aria-invalid" not in fresh
+
+
+@pytest.mark.django_db
+def test_it_answers_a_missing_page_inside_the_console_layout(approver):
+    client = Client()
+    client.force_login(approver)
+    response = client.get("/operations/op_missing/")
+    html = response.content.decode()
+    assert response.status_code == 404
+    assert '<nav aria-label="Main"' in html and "Back to the dashboard" in html
+
+
+@pytest.mark.django_db
 def test_it_refuses_a_login_post_without_a_csrf_token(approver):
     client = Client(enforce_csrf_checks=True)
     response = client.post("/login/", {"username": "approver", "password": "x"})

@@ -87,6 +87,9 @@ def test_it_refuses_a_tenant_filter_outside_the_users_tenants(journal, approver)
     html = response.content.decode()
     assert response.status_code == 200
     assert journal["globex"].id not in html and journal["acme"].id not in html
+    # The refused field points at the reason, and the reason is on the page under that id.
+    assert 'aria-describedby="id_tenant_error"' in html
+    assert '<span id="id_tenant_error" hidden>' in html
 
 
 @pytest.mark.django_db

@@ -217,6 +217,11 @@ def test_it_shows_the_filter_of_the_page_back_brings_back(
     live_server, transactional_db, acme, operator, page
 ):
     _sign_in(page, live_server, "operator")
+    # The first Tab offers a way past the menu, straight to the page.
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("main#content")).to_be_focused()
     page.goto(f"{live_server.url}/operations/")
     status = page.locator("form.filters select[name=status]")
     for value in ("unknown", "succeeded"):

@@ -394,3 +394,15 @@ def test_it_keeps_a_newer_calls_schedule_when_an_older_lookup_ends(acme, monkeyp
     op.refresh_from_db()
     assert op.next_reconcile_at == newer_check  # not "waiting for a person" from the old one
     assert op.evidence.filter(summary__startswith="lookup inconclusive").exists()
+
+
+@pytest.mark.django_db
+def test_it_derives_the_idempotency_key_from_the_operation_never_at_random(acme, run):
+    from operations.intents import idempotency_key_for
+
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                           command_id="cmd_pay_11")
+    derived = {"operation_id": op.id, "action": op.action, "run_id": run.id,
+               "command_id": "cmd_pay_11"}
+    assert op.idempotency_key == idempotency_key_for(**derived)
+    assert idempotency_key_for(**derived) == idempotency_key_for(**derived)

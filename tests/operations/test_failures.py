@@ -342,6 +342,8 @@ def test_it_ignores_a_late_event_that_arrives_out_of_order(acme, approver, provi
     assert result == "ignored" and "not allowed" in message
     assert op.status == S.SUCCEEDED
     assert WebhookEvent.objects.filter(operation=op).count() == 2
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert op.provider_calls == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -382,6 +384,29 @@ def test_it_never_revives_an_operation_a_person_resolved(
     engine.operation_dispute(operation_id=op.id, actor=operator, reason="treasury re-checking")
     assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
     assert Operation.objects.get(id=op.id).status == S.DISPUTED
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert Operation.objects.get(id=op.id).provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_moves_a_disputed_operation_on_a_webhook(
+    acme, approver, operator, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="the beneficiary disputes the invoice")
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.DISPUTED
+    event = WebhookEvent.objects.get(operation=op, event_type="payment_intent.succeeded")
+    assert not event.applied
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
+    assert Operation.objects.get(id=op.id).status == S.DISPUTED
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert op.provider_calls == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -399,6 +424,7 @@ def test_it_rejects_a_webhook_with_a_bad_signature_and_stores_nothing(
     op.refresh_from_db()
     assert op.status == S.ACCEPTED
     assert Attempt.objects.filter(operation=op).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
 
 
 @pytest.mark.django_db
@@ -775,3 +801,190 @@ def test_it_closes_as_never_done_once_no_call_can_land_and_the_approval_ran_out(
     op.refresh_from_db()
     assert op.status == S.CANCELLED and op.error_code == "authorization"
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 0
+
+
+# --- the claim and the lease, broken on purpose at the moments between a read and a write ---
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("meanwhile", ["answer_lost", "call_in_flight"])
+def test_it_does_not_claim_what_another_worker_moved_on_after_its_read(
+    acme, approver, providers, settings, monkeypatch, meanwhile
+):
+    from operations.engine import execute as execute_module
+
+    if meanwhile == "call_in_flight":
+        settings.PROVIDER_TIMEOUT_SECONDS = 5  # B waits for its slow answer
+    op = authorized_payment(acme, approver)
+    real_check = execute_module.authorization_problem
+    other: dict = {}
+
+    def another_worker_goes_first(op_):
+        # Worker A has read not_started; before its claim, worker B claims and calls.
+        problem = real_check(op_)
+        if not other:
+            other["started"] = True
+            if meanwhile == "answer_lost":  # B's call committed, its answer was lost
+                sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id,
+                                  seconds=3)
+                other["report"] = engine.operation_execute(operation_id=op.id, worker="B")
+                assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+            else:  # B's call is still in flight, under B's live lease
+                sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+                other["call"] = Background(
+                    lambda: engine.operation_execute(operation_id=op.id, worker="B"))
+                wait_for(lambda: Operation.objects.filter(id=op.id, status=S.IN_PROGRESS)
+                         .exists(), what="worker B's claim")
+        return problem
+
+    monkeypatch.setattr(execute_module, "authorization_problem", another_worker_goes_first)
+    report = engine.operation_execute(operation_id=op.id, worker="A")
+    assert report.outcome == "lost_claim", report
+    if "call" in other:
+        assert other["call"].join().outcome == "called"
+
+    op.refresh_from_db()
+    assert len(payment_posts(op)) == 1, "A must not call what B claimed (or left unknown)"
+    assert op.provider_calls == 1 and PaymentIntent.objects.count() == 1
+    assert list(op.attempts.filter(kind=AttemptKind.CALL).values_list("worker", flat=True)) \
+        == ["B"]
+    if meanwhile == "answer_lost":  # unknown stays unknown until a lookup, never a call
+        assert op.status == S.UNKNOWN and not op.attempts.filter(kind=AttemptKind.LOOKUP)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_call_in_flight_to_its_worker_while_the_lease_runs(
+    acme, approver, providers, settings
+):
+    settings.PROVIDER_TIMEOUT_SECONDS = 5  # the slow answer arrives; the lease is 30 s
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    wait_for(lambda: Operation.objects.filter(id=op.id, status=S.IN_PROGRESS).exists(),
+             what="worker A's claim")
+    # A second delivery and an operator's reconcile, both while A's lease runs: hands off.
+    assert engine.operation_execute(operation_id=op.id, worker="B").outcome == "held_elsewhere"
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert call.join().outcome == "called"
+
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
+    assert not op.evidence.filter(to_status=S.UNKNOWN).exists()
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("lapse", ["expired", "policy_moved_on"])
+def test_it_does_not_call_when_the_authorization_lapses_between_its_check_and_the_claim(
+    acme, approver, providers, settings, monkeypatch, lapse
+):
+    from operations.engine import execute as execute_module
+
+    op = authorized_payment(acme, approver)
+    hash_before = op.payload_hash
+    real_check = execute_module.authorization_problem
+
+    def lapses_right_after_the_check(op_):
+        problem = real_check(op_)
+        if lapse == "expired":
+            Operation.objects.filter(id=op.id).update(authorization_expires_at=timezone.now())
+        else:
+            settings.POLICY_VERSION_OVERRIDES = {"payments.create": "payments-v4"}
+        return problem
+
+    monkeypatch.setattr(execute_module, "authorization_problem", lapses_right_after_the_check)
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED
+    assert op.provider_calls == 0 and not op.attempts.exists()
+    assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
+    # The next delivery sees the lapse at its check and closes it, still without a call.
+    monkeypatch.setattr(execute_module, "authorization_problem", real_check)
+    assert engine.operation_execute(operation_id=op.id).outcome == "cancelled"
+    op.refresh_from_db()
+    assert sandbox_counts()["requests"] == 0 and op.payload_hash == hash_before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_records_a_stalled_workers_answer_over_the_next_workers_claim(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)  # A: nothing written
+    stalled, go = threading.Event(), threading.Event()
+    real_record = execute_module._record_call_result
+
+    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
+        if worker == "A":
+            stalled.set()
+            go.wait(15)  # A has its (5xx) answer, then freezes before writing it down
+        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
+
+    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
+    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    assert stalled.wait(10)
+    time.sleep(2.3)  # past A's lease and the reach of its call
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    b = Background(lambda: engine.operation_execute(operation_id=op.id, worker="B"))
+    wait_for(lambda: Operation.objects.filter(id=op.id, status=S.IN_PROGRESS,
+                                              lease_owner="B").exists(), what="B's claim")
+    go.set()
+    a.join()
+    # A's late "unknown" must not land on B's claim while B's call is in flight.
+    held = Operation.objects.get(id=op.id)
+    assert (held.status, held.lease_owner) == (S.IN_PROGRESS, "B")
+    assert b.join().outcome == "called"
+
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == PaymentIntent.objects.get().id
+    posts = list(payment_posts(op))
+    assert len(posts) == 2 and {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert not op.evidence.filter(from_status=S.IN_PROGRESS, to_status=S.UNKNOWN,
+                                  kind="call_result").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_lease(
+    acme, approver, providers, monkeypatch
+):
+    from operations import tasks
+    from operations.engine.core import adapter, snapshot
+
+    op = authorized_payment(acme, approver)
+    # What a worker killed mid-call leaves: its claim with a lease that ran out, a call
+    # attempt with no answer, and a payment the provider committed. No message redelivered.
+    claimed = timezone.now() - timedelta(minutes=2)
+    Operation.objects.filter(id=op.id).update(
+        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
+        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
+        next_reconcile_at=None)
+    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
+                                     worker="dead:1", idempotency_key=op.idempotency_key)
+    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
+    op.refresh_from_db()
+    assert adapter(op.action).call(snapshot(op)).external_id  # committed at the provider
+
+    outcomes: list[str] = []
+    monkeypatch.setattr(tasks.execute_operation, "delay", outcomes.append)
+    monkeypatch.setattr(
+        tasks.reconcile_operation, "delay",
+        lambda operation_id: outcomes.append(tasks.reconcile_operation(operation_id)),
+    )
+    assert tasks.sweep_operations() == 1
+    assert outcomes == ["found"]
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert len(payment_posts(op)) == 1 and op.provider_calls == 1
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="found").count() == 1

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from operations import engine, transitions
@@ -106,6 +106,8 @@ EVENTS = st.sampled_from([
                                           "refused"]), max_size=6),
     lookup_faults=st.lists(st.sampled_from(["truthful", "inconclusive"]), max_size=6),
 )
+# Always tried, not left to chance: a retry after proven absence (same key, same params).
+@example(events=["execute", "execute"], call_faults=["5xx_before_commit"], lookup_faults=[])
 def test_it_never_makes_two_effects_or_changes_the_hash(
     acme, admin_user, monkeypatch, events, call_faults, lookup_faults
 ):

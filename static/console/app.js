@@ -1,6 +1,7 @@
-// A list that refreshes itself (data-pause-while-typing) waits while a person types in it:
-// re-rendering around a focused field scrolls the page back to that field (htmx refocuses
-// a preserved element), away from whatever they had scrolled on to read.
+// A list that refreshes itself (data-pause-while-typing) waits while anything in it has
+// focus: re-rendering around a focused field scrolls the page back to that field (htmx
+// refocuses a preserved element), and around a focused button or link drops a keyboard user
+// back to the top of the page.
 document.addEventListener("htmx:confirm", (event) => {
   const list = event.detail.elt;
   const active = document.activeElement;
@@ -44,7 +45,7 @@ document.addEventListener("htmx:afterSettle", (event) => {
   const target = event.detail.target;
   const root = target.isConnected ? target : target.id && document.getElementById(target.id);
   if (!root) return;
-  const spot = root.querySelector("[data-focus-after-swap], [role=alert], [role=status]")
+  const spot = root.querySelector("[role=alert], [role=status]")
     || root.querySelector("a[href], button, textarea, input, select");
   if (!spot) return;
   if (!spot.matches("a[href], button, textarea, input, select")) spot.tabIndex = -1;

@@ -109,6 +109,8 @@ class ResolveForm(ReasonForm):
     )
     provider_reference = forms.CharField(
         required=False, max_length=120, label="Provider reference (optional)",
+        help_text="The provider's id (pi_…, deal_…, msg_…); checked at the provider before "
+        "anything is recorded.",
         validators=[refuse_secrets_in_text],
         widget=forms.TextInput(attrs={"hx-preserve": "true"}),
     )

@@ -196,6 +196,13 @@ def _operator_action(
     try:
         done = act(op, form.cleaned_data)
     except (EngineError, PermissionDenied) as exc:
+        field = getattr(exc, "field", "")
+        if field in form.fields:
+            # About what was typed (a reference the provider did not confirm): shown at the
+            # field, with the draft kept to correct, as a form error is.
+            form.add_error(field, str(exc))
+            return _respond(request, op, ok=False, message=f"{verb} refused: {exc}",
+                            form_key=prefix, form=form)
         return _respond(request, op, ok=False, message=f"{verb} refused: {exc}")
     message, level = done if isinstance(done, tuple) else (done, "success")
     return _respond(request, op, ok=True, message=message, level=level)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from operations.engine.core import (
     AuthorizationRefused,
     EngineError,
+    ReferenceRefused,
     TransitionRefused,
     dispute_applies,
     lease_expired,
@@ -33,6 +34,7 @@ __all__ = [
     "EngineError",
     "ExecuteReport",
     "ReconcileReport",
+    "ReferenceRefused",
     "TransitionRefused",
     "dispute_applies",
     "lease_expired",

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,8 @@ from operations.models import (
 )
 from operations.providers.base import (
     CallOutcome,
+    LookupOutcome,
+    LookupResult,
     OperationSnapshot,
     ProviderAdapter,
 )
@@ -37,7 +40,8 @@ logger = logging.getLogger(__name__)
 
 
 class EngineError(Exception):
-    pass
+    # The form field a person can fix the refusal in, if any: the page shows it there.
+    field = ""
 
 
 class AuthorizationRefused(EngineError):
@@ -46,6 +50,12 @@ class AuthorizationRefused(EngineError):
 
 class TransitionRefused(EngineError):
     pass
+
+
+class ReferenceRefused(TransitionRefused):
+    """The provider did not confirm the reference an operator gave."""
+
+    field = "provider_reference"
 
 
 def lease_duration() -> timedelta:
@@ -276,6 +286,53 @@ LOOKUP_STATUS = {
     CallOutcome.ACCEPTED: S.ACCEPTED,
     CallOutcome.FAILED: S.FAILED,
 }
+
+
+def lookup_guarded(operation_id: str, read: Callable[[], LookupResult]) -> LookupResult:
+    """One adapter read, made outside any transaction. An adapter bug is an inconclusive
+    answer, so a true record (or a clear refusal) follows, never a 500."""
+    try:
+        return read()
+    except Exception as exc:
+        logger.exception("adapter lookup failed for %s", operation_id)
+        return LookupResult(
+            outcome=LookupOutcome.INCONCLUSIVE,
+            reason=f"lookup raised {type(exc).__name__}",
+            retry_after=timedelta(seconds=30),
+        )
+
+
+_ATTEMPT_OUTCOME = {
+    LookupOutcome.FOUND: AttemptOutcome.FOUND,
+    LookupOutcome.ABSENT: AttemptOutcome.ABSENT,
+    LookupOutcome.INCONCLUSIVE: AttemptOutcome.INCONCLUSIVE,
+}
+
+
+def lookup_attempt_fields(found: LookupResult, *, finished_at: datetime) -> dict[str, Any]:
+    """What a lookup attempt row records of the provider's answer."""
+    return {
+        "finished_at": finished_at,
+        "outcome": _ATTEMPT_OUTCOME[found.outcome],
+        "http_status": found.http_status,
+        "provider_request_id": found.provider_request_id,
+        "external_id": found.external_id,
+        "error_message": found.reason[:2000],
+    }
+
+
+def lookup_data(found: LookupResult, *, attempt: int) -> dict[str, Any]:
+    """What the evidence of a lookup keeps: what the provider said, and where it said it."""
+    return {
+        "attempt": attempt,
+        "method": found.method or "",
+        "reason": found.reason,
+        "matches": found.matches[:10],
+        "external_id": found.external_id,
+        "status": found.status or "",
+        "operation_ids": list(found.operation_ids),
+        "provider_request_id": found.provider_request_id,
+    }
 
 
 def person_text_check(**texts: str) -> None:

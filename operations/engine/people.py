@@ -2,23 +2,52 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from operations import transitions
+from operations.engine import core
 from operations.engine.core import (
+    LOOKUP_STATUS,
+    ReferenceRefused,
     S,
     TransitionRefused,
+    lookup_attempt_fields,
+    lookup_data,
+    lookup_guarded,
+    next_attempt_number,
     person_text_check,
     require_perm,
     transition,
+    worker_name,
 )
 from operations.models import (
+    Attempt,
+    AttemptKind,
     EvidenceKind,
     Operation,
 )
+from operations.providers.base import LookupOutcome, LookupResult
+
+# What a provider id looks like (pi_…, deal_…, msg_…): anything else is a typo, and it goes
+# into a URL path, where "/" or ".." would ask about another object.
+REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """A provider's confirmation of a reference, and when it was asked."""
+
+    found: LookupResult
+    provider: str
+    started_at: datetime
+    finished_at: datetime
 
 
 def operation_resolve(
@@ -30,42 +59,134 @@ def operation_resolve(
     reason: str,
     provider_reference: str = "",
 ) -> Operation:
-    """An operator settles an unknown (or disputed) operation by what they verified."""
+    """An operator settles an unknown (or disputed) operation by what they verified. A
+    provider reference is first confirmed at the provider: it must name this operation's
+    effect, in a state that agrees with the outcome."""
     if outcome not in (S.SUCCEEDED, S.FAILED):
         raise TransitionRefused("resolve as succeeded or failed")
-    if not reason.strip() or not (evidence_text.strip() or provider_reference.strip()):
+    reference = provider_reference.strip()
+    if not reason.strip() or not (evidence_text.strip() or reference):
         raise TransitionRefused("a reason and evidence (text or provider reference) are required")
-    person_text_check(evidence=evidence_text, provider_reference=provider_reference,
-                      reason=reason)
+    person_text_check(evidence=evidence_text, provider_reference=reference, reason=reason)
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     require_perm(actor, "operate_operations", op)
+    sources = transitions.sources(outcome, manual=True) - {S.IN_PROGRESS}
+    if op.status not in sources:
+        # Said before asking the provider: its answer could not change this.
+        raise _unresolvable(op, outcome)
+    verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
     fields: dict[str, Any] = {"resolved_manually": True}
-    if provider_reference:
-        fields["external_id"] = provider_reference
     if outcome == S.FAILED:
         fields.update(error_code="resolved_failed", error_message=evidence_text[:500])
-    won = transition(
-        op,
-        to=outcome,
-        sources=transitions.sources(outcome, manual=True) - {S.IN_PROGRESS},
-        evidence_kind=EvidenceKind.MANUAL,
-        manual=True,
-        actor=actor,
-        summary=f"resolved as {outcome} by {actor.username}: {evidence_text}",
-        data={
-            "evidence": evidence_text,
-            "provider_reference": provider_reference,
-            "reason": reason,
-        },
-        fields=fields,
-        audit_action=f"operation.resolve_{outcome}",
-        reason=reason,
-    )
-    if not won:
-        op.refresh_from_db()
-        raise TransitionRefused(f"{op.id} is {op.status}; it cannot be resolved as {outcome}")
+    data: dict[str, Any] = {
+        "evidence": evidence_text,
+        "provider_reference": reference,
+        "reason": reason,
+    }
+    summary = f"resolved as {outcome} by {actor.username}: {evidence_text}"
+    with transaction.atomic():
+        # The verifying lookup and the resolution are recorded together or not at all.
+        if verified is not None:
+            attempt = _verification_attempt(op, verified)
+            fields["external_id"] = verified.found.external_id or reference
+            data["verified"] = lookup_data(verified.found, attempt=attempt.number)
+            summary += f" ({reference} confirmed by {verified.provider})"
+        won = transition(
+            op,
+            to=outcome,
+            sources=sources,
+            evidence_kind=EvidenceKind.MANUAL,
+            manual=True,
+            actor=actor,
+            summary=summary,
+            data=data,
+            fields=fields,
+            audit_action=f"operation.resolve_{outcome}",
+            reason=reason,
+        )
+        if not won:
+            op.refresh_from_db()
+            raise _unresolvable(op, outcome)
     op.refresh_from_db()
     return op
+
+
+def _unresolvable(op: Operation, outcome: str) -> TransitionRefused:
+    return TransitionRefused(f"{op.id} is {op.status}; it cannot be resolved as {outcome}")
+
+
+def _reference_verify(op: Operation, *, reference: str, outcome: str) -> _Verified:
+    """Ask the provider about the reference, outside any transaction; refused unless it
+    confirms the outcome for this operation."""
+    if len(reference) > 120 or not REFERENCE.fullmatch(reference):
+        raise ReferenceRefused(
+            f"{reference!r} is not a provider id (letters, digits and _ . : - only); "
+            "check the reference."
+        )
+    adapter = core.adapter(op.action)
+    provider = adapter.contract.provider
+    started_at = timezone.now()
+    found = lookup_guarded(op.id, lambda: adapter.retrieve(reference))
+    problem = _reference_problem(op, found, reference=reference, outcome=outcome,
+                                 provider=provider)
+    if problem:
+        raise ReferenceRefused(problem)
+    return _Verified(found=found, provider=provider, started_at=started_at,
+                     finished_at=timezone.now())
+
+
+def _reference_problem(
+    op: Operation, found: LookupResult, *, reference: str, outcome: str, provider: str
+) -> str:
+    """Why the provider's answer does not back the resolution; empty when it does."""
+    if found.outcome == LookupOutcome.ABSENT:
+        return f"The {provider} provider says {found.reason}; check the reference."
+    if found.outcome != LookupOutcome.FOUND:
+        return (
+            f"The {provider} provider could not be asked about {reference} ({found.reason}); "
+            "try again, or resolve with the evidence text alone."
+        )
+    if op.id not in found.operation_ids:
+        if not found.operation_ids:
+            return (
+                f"{reference} at the {provider} provider names no operation, so nothing ties "
+                "it to this one; check the reference, or resolve with the evidence text alone."
+            )
+        return (
+            f"{reference} at the {provider} provider belongs to "
+            f"{', '.join(found.operation_ids)}, not to {op.id}; check the reference."
+        )
+    said = str(found.result.get("status") or found.status)
+    settled = LOOKUP_STATUS.get(found.status)
+    if settled == S.ACCEPTED:
+        return (
+            f"The {provider} provider reports {reference} as {said}, not final yet; resolve "
+            "once it is, or with the evidence text alone."
+        )
+    if settled != outcome:
+        return (
+            f"The {provider} provider reports {reference} as {said}, which contradicts "
+            f"resolving as {outcome}."
+        )
+    return ""
+
+
+def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
+    """The lookup that confirmed the reference, as reconcile records its lookups. Written
+    inside the resolution's transaction, only once the answer was kept."""
+    # Locked first: attempt numbers are drawn under the row lock (next_attempt_number).
+    list(Operation.objects.select_for_update().filter(id=op.id).values_list("id", flat=True))
+    attempt = Attempt.objects.create(
+        operation_id=op.id,
+        number=next_attempt_number(op.id),
+        kind=AttemptKind.LOOKUP,
+        worker=worker_name(),
+        **lookup_attempt_fields(verified.found, finished_at=verified.finished_at),
+    )
+    # started_at is auto_now_add; the row was written after the answer came, the request
+    # left before it.
+    Attempt.objects.filter(id=attempt.id).update(started_at=verified.started_at)
+    return attempt
 
 
 def operation_dispute(*, operation_id: str, actor, reason: str) -> Operation:

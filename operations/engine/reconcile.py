@@ -26,7 +26,9 @@ from operations.engine.core import (
     S,
     accepted_recheck_at,
     lease_expired,
-    logger,
+    lookup_attempt_fields,
+    lookup_data,
+    lookup_guarded,
     next_attempt_number,
     outcome_open,
     person_text_check,
@@ -40,7 +42,6 @@ from operations.engine.prepare import authorization_problem
 from operations.models import (
     Attempt,
     AttemptKind,
-    AttemptOutcome,
     Evidence,
     EvidenceKind,
     Operation,
@@ -126,15 +127,7 @@ def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> R
             worker=worker_name(),
             idempotency_key=op.idempotency_key,
         )
-    try:
-        found = adapter.lookup(op_snapshot)
-    except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
-        logger.exception("adapter lookup failed for %s", op.id)
-        found = LookupResult(
-            outcome=LookupOutcome.INCONCLUSIVE,
-            reason=f"lookup raised {type(exc).__name__}",
-            retry_after=timedelta(seconds=30),
-        )
+    found = lookup_guarded(op.id, lambda: adapter.lookup(op_snapshot))
     if actor is not None:
         audit_event_record(
             actor=actor,
@@ -161,26 +154,8 @@ def _record_lookup(
     calls_before: int,
 ) -> ReconcileReport:
     now = timezone.now()
-    outcome = {
-        LookupOutcome.FOUND: AttemptOutcome.FOUND,
-        LookupOutcome.ABSENT: AttemptOutcome.ABSENT,
-        LookupOutcome.INCONCLUSIVE: AttemptOutcome.INCONCLUSIVE,
-    }[found.outcome]
-    Attempt.objects.filter(id=attempt.id).update(
-        finished_at=now,
-        outcome=outcome,
-        http_status=found.http_status,
-        provider_request_id=found.provider_request_id,
-        external_id=found.external_id,
-        error_message=found.reason[:2000],
-    )
-    data = {
-        "attempt": attempt.number,
-        "method": found.method or "",
-        "reason": found.reason,
-        "matches": found.matches[:10],
-        "external_id": found.external_id,
-    }
+    Attempt.objects.filter(id=attempt.id).update(**lookup_attempt_fields(found, finished_at=now))
+    data = lookup_data(found, attempt=attempt.number)
     contract = adapter.contract
     op.refresh_from_db()
     if not outcome_open(op):

@@ -1,4 +1,5 @@
-"""What the engine knows about a provider: its declared contract and three verbs.
+"""What the engine knows about a provider: its declared contract and its verbs (call, look up
+an operation's effect, retrieve an object by id, read a webhook).
 
 The engine never asks "is this provider idempotent?" of a global flag; it reads the adapter's
 `ToolContract`. Adapters do real HTTP and return normalized results; they never touch the
@@ -105,6 +106,10 @@ class LookupResult:
     http_status: int | None = None
     provider_request_id: str = ""
     result: dict[str, Any] = field(default_factory=dict)
+    # The operation ids the found object names as its origin (a payment's metadata, a deal's
+    # agent_operation_id or the updates it applied, a message's operation_id): what ties an
+    # id a person typed to one operation.
+    operation_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,11 @@ class ProviderAdapter(Protocol):
     def call(self, op: OperationSnapshot) -> CallResult: ...
 
     def lookup(self, op: OperationSnapshot) -> LookupResult: ...
+
+    def retrieve(self, external_id: str) -> LookupResult:
+        """The one object with this provider id: FOUND, ABSENT (no such object) or
+        INCONCLUSIVE (the provider could not be asked)."""
+        ...
 
 
 class WebhookVerifier(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +20,14 @@ from operations.providers.base import (
     WebhookFacts,
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
-from operations.providers.transport import Answer, call_result, lookup_common, lookup_failure, send
+from operations.providers.transport import (
+    Answer,
+    call_result,
+    lookup_common,
+    lookup_failure,
+    path_segment,
+    send,
+)
 
 
 def _base() -> str:
@@ -34,9 +41,35 @@ def _deal_facts(deal: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _applied(op: OperationSnapshot, deal: Mapping[str, Any]) -> bool:
+def _applied_ids(deal: Mapping[str, Any]) -> list[str]:
     """The CRM's record of which operations a deal's changes came from."""
-    return op.id in (deal.get("applied_operation_ids") or [])
+    return [str(op_id) for op_id in deal.get("applied_operation_ids") or []]
+
+
+def _applied(op: OperationSnapshot, deal: Mapping[str, Any]) -> bool:
+    return op.id in _applied_ids(deal)
+
+
+def _deal_retrieve(
+    deal_id: str, *, carried: Callable[[Mapping[str, Any]], Iterable[str]]
+) -> LookupResult:
+    """The deal with this id; `carried` reads which operations it names as its origin."""
+    method = LookupMethod.EXTERNAL_ID
+    answer = send(
+        "GET", f"{_base()}/deals/{path_segment(deal_id)}", api_key=settings.CRM_API_KEY
+    )
+    common = lookup_common(answer, method=method)
+    if answer.status == 404:
+        return LookupResult(outcome=LookupOutcome.ABSENT,
+                            reason=f"deal {deal_id} does not exist", **common)
+    if not answer.ok:
+        return lookup_failure(answer, method=method)
+    facts = _deal_facts(answer.body)
+    return LookupResult(
+        outcome=LookupOutcome.FOUND, status=CallOutcome.SUCCEEDED, external_id=deal_id,
+        matches=[facts], result=facts,
+        operation_ids=tuple(str(op_id) for op_id in carried(answer.body) if op_id), **common,
+    )
 
 
 def _call_result(answer: Answer, body: Mapping[str, Any]) -> CallResult:
@@ -95,6 +128,9 @@ class CrmCreateDealAdapter:
             external_id=str(deals[0]["id"]), matches=deals, result=deals[0], **common,
         )
 
+    def retrieve(self, external_id: str) -> LookupResult:
+        return _deal_retrieve(external_id, carried=lambda deal: [deal.get("agent_operation_id")])
+
 
 class CrmUpdateDealAdapter:
     contract = ToolContract(
@@ -134,26 +170,20 @@ class CrmUpdateDealAdapter:
         return result
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
-        method = LookupMethod.EXTERNAL_ID
         target = str(op.payload["target"])
-        answer = send("GET", f"{_base()}/deals/{target}", api_key=settings.CRM_API_KEY)
-        common = lookup_common(answer, method=method)
-        if answer.status == 404:
+        found = self.retrieve(target)
+        if found.outcome == LookupOutcome.ABSENT:
             # The deal is gone: whether our update landed before that cannot be told.
-            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
-                                reason=f"deal {target} does not exist", **common)
-        if not answer.ok:
-            return lookup_failure(answer, method=method)
-        facts = _deal_facts(answer.body)
-        if _applied(op, answer.body):
-            return LookupResult(
-                outcome=LookupOutcome.FOUND, status=CallOutcome.SUCCEEDED, external_id=target,
-                matches=[facts], result=facts, **common,
+            return replace(found, outcome=LookupOutcome.INCONCLUSIVE)
+        if found.outcome == LookupOutcome.FOUND and op.id not in found.operation_ids:
+            return replace(
+                found, outcome=LookupOutcome.ABSENT, status=None, matches=[],
+                reason=f"deal {target} has not applied this operation",
             )
-        return LookupResult(
-            outcome=LookupOutcome.ABSENT, external_id=target, result=facts,
-            reason=f"deal {target} has not applied this operation", **common,
-        )
+        return found
+
+    def retrieve(self, external_id: str) -> LookupResult:
+        return _deal_retrieve(external_id, carried=_applied_ids)
 
 
 class CrmWebhookVerifier:

@@ -21,7 +21,13 @@ from operations.providers.base import (
     WebhookFacts,
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
-from operations.providers.transport import call_result, lookup_common, lookup_failure, send
+from operations.providers.transport import (
+    call_result,
+    lookup_common,
+    lookup_failure,
+    path_segment,
+    send,
+)
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "queued": CallOutcome.ACCEPTED,
@@ -113,6 +119,26 @@ class MailSendAdapter:
         return LookupResult(
             outcome=LookupOutcome.ABSENT, reason="no message carries this idempotency key",
             **common,
+        )
+
+    def retrieve(self, external_id: str) -> LookupResult:
+        method = LookupMethod.EXTERNAL_ID
+        answer = send(
+            "GET", f"{_base()}/messages/{path_segment(external_id)}",
+            api_key=settings.MAIL_API_KEY,
+        )
+        common = lookup_common(answer, method=method)
+        if answer.status == 404:
+            return LookupResult(outcome=LookupOutcome.ABSENT,
+                                reason=f"message {external_id} does not exist", **common)
+        if not answer.ok:
+            return lookup_failure(answer, method=method)
+        facts = _message_facts(answer.body)
+        operation_id = answer.body.get("operation_id")
+        return LookupResult(
+            outcome=LookupOutcome.FOUND, status=message_status(answer.body),
+            external_id=str(facts["id"] or external_id), matches=[facts], result=facts,
+            operation_ids=(str(operation_id),) if operation_id else (), **common,
         )
 
 

@@ -21,7 +21,13 @@ from operations.providers.base import (
     WebhookFacts,
 )
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
-from operations.providers.transport import call_result, lookup_common, lookup_failure, send
+from operations.providers.transport import (
+    call_result,
+    lookup_common,
+    lookup_failure,
+    path_segment,
+    send,
+)
 
 STATUS_MAP: dict[str, CallOutcome] = {
     "succeeded": CallOutcome.SUCCEEDED,
@@ -98,26 +104,28 @@ class PaymentsCreateAdapter:
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
         if op.external_id:
-            return self._retrieve(op.external_id)
+            return self.retrieve(op.external_id)
         return self._search(op)
 
-    def _retrieve(self, external_id: str) -> LookupResult:
+    def retrieve(self, external_id: str) -> LookupResult:
         method = LookupMethod.EXTERNAL_ID
         answer = send(
-            "GET", f"{self._base()}/v1/payment_intents/{external_id}",
+            "GET", f"{self._base()}/v1/payment_intents/{path_segment(external_id)}",
             api_key=settings.PAYMENTS_API_KEY,
         )
         common = lookup_common(answer, method=method)
         if answer.status == 404:
-            # The id came from the provider itself, so "no such object" is a proof.
+            # Stripe never reuses an id, so "no such object" is a proof.
             return LookupResult(outcome=LookupOutcome.ABSENT,
                                 reason=f"payment {external_id} does not exist", **common)
         if not answer.ok:
             return lookup_failure(answer, method=method)
+        operation_id = (answer.body.get("metadata") or {}).get("operation_id")
         return LookupResult(
             outcome=LookupOutcome.FOUND, status=payment_status(str(answer.body.get("status"))),
             external_id=str(answer.body.get("id", external_id)),
-            matches=[_facts(answer.body)], result=_facts(answer.body), **common,
+            matches=[_facts(answer.body)], result=_facts(answer.body),
+            operation_ids=(str(operation_id),) if operation_id else (), **common,
         )
 
     def _search(self, op: OperationSnapshot) -> LookupResult:

@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from django.conf import settings
@@ -115,6 +116,11 @@ def send(
     if not isinstance(body, dict):
         body = {"data": body}
     return Answer(response.status_code, body, response.headers.get("Request-Id", ""))
+
+
+def path_segment(value: str) -> str:
+    """An id as exactly one segment of a URL path: a person may have typed it."""
+    return quote(value, safe="")
 
 
 def call_result(

@@ -6,7 +6,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from operations.engine import operation_dispute
+from operations.engine import (
+    ReferenceRefused,
+    TransitionRefused,
+    operation_dispute,
+    operation_prepare,
+    operation_resolve,
+)
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -15,9 +21,19 @@ from operations.models import (
     EvidenceKind,
     Operation,
 )
-from operations.sandbox.services import sandbox_fault_set, sandbox_requests, sandbox_writes
+from operations.sandbox.services import (
+    sandbox_counts,
+    sandbox_deal_create,
+    sandbox_fault_set,
+    sandbox_message_create,
+    sandbox_message_deliver,
+    sandbox_payment_create,
+    sandbox_payment_settle,
+    sandbox_requests,
+    sandbox_writes,
+)
 from tests.helpers import signed_in
-from tests.operations.engine_helpers import prepared_payment
+from tests.operations.engine_helpers import make_unknown, prepared_payment
 
 RESOLVE = {
     "resolve-outcome": "succeeded",
@@ -25,6 +41,8 @@ RESOLVE = {
     "resolve-provider_reference": "pi_123",
     "resolve-reason": "customer confirmed the transfer",
 }
+# Evidence in words only: nothing to ask the provider.
+TEXT_ONLY = {**RESOLVE, "resolve-provider_reference": ""}
 
 
 def _audits(op, action: str) -> int:
@@ -37,10 +55,10 @@ def _audits(op, action: str) -> int:
 def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, operator):
     op = acme_unknown
     client = signed_in(operator)
-    response = client.post(f"/operations/{op.id}/resolve", RESOLVE)
+    response = client.post(f"/operations/{op.id}/resolve", TEXT_ONLY)
     assert response.status_code == 302 and response["Location"] == f"/operations/{op.id}/"
     op.refresh_from_db()
-    assert op.status == "succeeded" and op.resolved_manually and op.external_id == "pi_123"
+    assert op.status == "succeeded" and op.resolved_manually and op.external_id == ""
     event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
     assert event.actor_username == "operator"
     assert event.reason == "customer confirmed the transfer"
@@ -51,7 +69,8 @@ def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, 
         "succeeded",
         operator,
     )
-    assert evidence.data["provider_reference"] == "pi_123"
+    assert evidence.data["evidence"] == RESOLVE["resolve-evidence"]
+    assert "verified" not in evidence.data
     page = client.get(f"/operations/{op.id}/").content.decode()
     assert "Resolved as succeeded." in page
     assert "Audit operation.resolve_succeeded" in page
@@ -60,7 +79,7 @@ def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, 
 @pytest.mark.django_db
 def test_it_resolves_as_failed_with_the_error_recorded(acme_unknown, operator):
     op = acme_unknown
-    data = {**RESOLVE, "resolve-outcome": "failed", "resolve-provider_reference": ""}
+    data = {**TEXT_ONLY, "resolve-outcome": "failed"}
     signed_in(operator).post(f"/operations/{op.id}/resolve", data)
     op.refresh_from_db()
     assert op.status == "failed" and op.error_code == "resolved_failed"
@@ -197,10 +216,10 @@ def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unk
         == 1
     )
 
-    assert client.post(f"/operations/{op.id}/resolve", RESOLVE).status_code == 302
+    assert client.post(f"/operations/{op.id}/resolve", TEXT_ONLY).status_code == 302
     op.refresh_from_db()
     assert op.status == "succeeded"
-    second = client.post(f"/operations/{op.id}/resolve", RESOLVE, follow=True)
+    second = client.post(f"/operations/{op.id}/resolve", TEXT_ONLY, follow=True)
     assert second.status_code == 200
     assert "Resolve refused" in second.content.decode()
     op.refresh_from_db()
@@ -408,3 +427,242 @@ def test_it_keeps_drafts_and_tells_a_lookup_that_settled_nothing_from_success(
     for field in ("resolve-evidence", "resolve-reason", "resolve-provider_reference",
                   "dispute-reason"):
         assert "hx-preserve" in fields[field], field
+
+
+# --- a provider reference is confirmed at the provider before anything is recorded ---------
+
+
+def _payment_at_provider(op: Operation, *, amount: int = 1250000, **metadata: str) -> str:
+    """A payment the sandbox holds (made there directly, so no request is logged)."""
+    return sandbox_payment_create(
+        amount=amount, currency="kzt", metadata={"operation_id": op.id, **metadata},
+        confirm=True,
+    )["id"]
+
+
+def _resolve(op: Operation, actor, reference: str, *, outcome: str = "succeeded") -> Operation:
+    return operation_resolve(
+        operation_id=op.id, actor=actor, outcome=outcome, evidence_text="seen in the dashboard",
+        reason="customer asked", provider_reference=reference,
+    )
+
+
+def _requests() -> int:
+    return sandbox_counts()["requests"]
+
+
+def _nothing_recorded(op: Operation) -> None:
+    """A refused resolution leaves the operation as it was, and no row about it."""
+    before = (op.status, op.external_id, op.resolved_manually)
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually) == before
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert not AuditEvent.objects.filter(
+        object_id=op.id, action__startswith="operation.resolve"
+    ).exists()
+    assert not Attempt.objects.filter(operation=op).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_resolves_with_a_payment_reference_the_provider_confirms(
+    acme_unknown, operator, sandbox
+):
+    op = acme_unknown
+    payment_id = _payment_at_provider(op)
+    hash_before = op.payload_hash
+
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/resolve", {**RESOLVE, "resolve-provider_reference": payment_id}
+    )
+
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.payload_hash) == ("succeeded", payment_id, hash_before)
+    lookups = sandbox_requests(provider="payments", method="GET")
+    assert _requests() == lookups.count() == 1
+    assert lookups.get().path.endswith(f"/v1/payment_intents/{payment_id}")
+    evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
+    assert evidence.data["evidence"] == RESOLVE["resolve-evidence"]
+    assert evidence.data["provider_reference"] == payment_id
+    verified = evidence.data["verified"]
+    assert (verified["external_id"], verified["status"], verified["operation_ids"]) == (
+        payment_id, "succeeded", [op.id]
+    )
+    assert verified["provider_request_id"] == lookups.get().request_id
+    assert verified["matches"][0]["status"] == "succeeded"
+    attempt = Attempt.objects.get(operation=op)
+    assert (attempt.kind, attempt.outcome, attempt.external_id, attempt.number) == (
+        AttemptKind.LOOKUP, "found", payment_id, verified["attempt"]
+    )
+    assert attempt.provider_request_id == verified["provider_request_id"]
+    assert attempt.started_at <= attempt.finished_at
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
+    assert event.after == {"status": "succeeded", "external_id": payment_id}
+    assert not sandbox_writes(provider="payments").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_resolves_with_a_crm_deal_reference_the_provider_confirms(acme, operator, sandbox):
+    op = make_unknown(operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"}))
+    deal = sandbox_deal_create(name="Renewal", amount_minor=100000, currency="EUR",
+                               owner="dana", agent_operation_id=op.id)
+
+    op = _resolve(op, operator, deal.id)
+
+    assert (op.status, op.external_id) == ("succeeded", deal.id)
+    verified = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL).data["verified"]
+    assert (verified["status"], verified["operation_ids"]) == ("succeeded", [op.id])
+    assert sandbox_requests(provider="crm", method="GET").count() == _requests() == 1
+    assert Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("delivery", "outcome"), [("delivered", "succeeded"),
+                                                   ("bounced", "failed")])
+def test_it_resolves_with_a_mail_message_reference_the_provider_confirms(
+    acme, operator, sandbox, delivery, outcome
+):
+    op = make_unknown(operation_prepare(tenant=acme, action="mail.send", payload={
+        "to": "anna@example.com", "template": "receipt", "params": {"invoice": "inv_1"}}))
+    message = sandbox_message_create(
+        to="anna@example.com", template="receipt", params={"invoice": "inv_1"},
+        operation_id=op.id, idempotency_key=op.idempotency_key, fingerprint="",
+    )
+    sandbox_message_deliver(message_id=message.id, status=delivery)
+
+    op = _resolve(op, operator, message.id, outcome=outcome)
+
+    assert (op.status, op.external_id) == (outcome, message.id)
+    verified = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL).data["verified"]
+    assert (verified["status"], verified["operation_ids"]) == (outcome, [op.id])
+    assert verified["matches"] == [{"id": message.id, "status": delivery}]
+    assert sandbox_requests(provider="mail", method="GET").count() == _requests() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_reference_the_provider_does_not_know(acme_unknown, operator, sandbox):
+    op = acme_unknown
+    typed = {**RESOLVE, "resolve-provider_reference": "pi_01TYPO"}
+
+    response = signed_in(operator).post(f"/operations/{op.id}/resolve", typed)
+
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert ("Resolve refused: The payments provider says payment pi_01TYPO does not exist; "
+            "check the reference.") in page
+    # The draft stays on the page to be corrected, the refusal at the field it is about.
+    assert 'value="pi_01TYPO"' in page and RESOLVE["resolve-evidence"] in page
+    assert 'id="id_resolve-provider_reference_error"' in page
+    assert _requests() == 1
+    _nothing_recorded(op)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_reference_that_is_not_an_id_without_asking(
+    acme_unknown, operator, sandbox
+):
+    with pytest.raises(ReferenceRefused, match="is not a provider id"):
+        _resolve(acme_unknown, operator, "../search")
+    assert _requests() == 0
+    _nothing_recorded(acme_unknown)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_another_operations_payment_id(acme, operator, sandbox):
+    paid = make_unknown(prepared_payment(acme, invoice_id="inv_paid"))
+    other = make_unknown(prepared_payment(acme, invoice_id="inv_other"))
+    payment_id = _payment_at_provider(paid)
+    _resolve(paid, operator, payment_id)
+
+    with pytest.raises(ReferenceRefused) as refused:
+        _resolve(other, operator, payment_id)
+
+    assert str(refused.value) == (
+        f"{payment_id} at the payments provider belongs to {paid.id}, not to {other.id}; "
+        "check the reference."
+    )
+    _nothing_recorded(other)
+    paid.refresh_from_db()
+    assert (paid.status, paid.external_id) == ("succeeded", payment_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_payment_that_names_no_operation(acme_unknown, operator, sandbox):
+    payment_id = sandbox_payment_create(amount=100, currency="kzt", metadata={},
+                                        confirm=True)["id"]
+    with pytest.raises(ReferenceRefused, match="names no operation"):
+        _resolve(acme_unknown, operator, payment_id)
+    _nothing_recorded(acme_unknown)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("settle", "outcome", "said"), [
+    ("failed", "succeeded", "requires_payment_method, which contradicts resolving as succeeded"),
+    ("succeeded", "failed", "succeeded, which contradicts resolving as failed"),
+    ("", "failed", "processing, not final yet"),
+])
+def test_it_refuses_a_reference_whose_status_contradicts_the_outcome(
+    acme_unknown, operator, sandbox, settle, outcome, said
+):
+    op = acme_unknown
+    # At the sandbox's async threshold a payment stays processing until settled.
+    payment_id = _payment_at_provider(op, amount=150_000_000)
+    if settle:
+        sandbox_payment_settle(payment_intent_id=payment_id, status=settle)
+
+    with pytest.raises(ReferenceRefused) as refused:
+        _resolve(op, operator, payment_id, outcome=outcome)
+
+    assert f"The payments provider reports {payment_id} as {said}" in str(refused.value)
+    assert _requests() == 1
+    _nothing_recorded(op)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_when_the_provider_cannot_be_asked_and_records_nothing(
+    acme_unknown, operator, sandbox
+):
+    op = acme_unknown
+    payment_id = _payment_at_provider(op)
+    sandbox_fault_set(provider="payments", kind="http_500")
+    client = signed_in(operator)
+
+    body = client.post(
+        f"/operations/{op.id}/resolve", {**RESOLVE, "resolve-provider_reference": payment_id},
+        HTTP_HX_REQUEST="true",
+    ).content.decode()
+
+    assert f"The payments provider could not be asked about {payment_id}" in body
+    assert "try again, or resolve with the evidence text alone." in body
+    assert sandbox_requests(provider="payments").get().response_status == 500
+    _nothing_recorded(op)
+
+    # Words alone still settle it, without asking the provider again.
+    assert client.post(f"/operations/{op.id}/resolve", TEXT_ONLY).status_code == 302
+    op.refresh_from_db()
+    assert op.status == "succeeded" and op.external_id == ""
+    assert _requests() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_no_provider_request_for_a_text_only_resolution(
+    acme_unknown, operator, sandbox
+):
+    op = acme_unknown
+    response = signed_in(operator).post(f"/operations/{op.id}/resolve", TEXT_ONLY)
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert op.status == "succeeded"
+    assert _requests() == 0
+    assert not Attempt.objects.filter(operation=op).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_asks_the_provider_only_about_an_operation_that_can_be_resolved(
+    acme, operator, sandbox
+):
+    op = prepared_payment(acme, invoice_id="inv_fresh")  # not_started: nothing to resolve
+    with pytest.raises(TransitionRefused, match="cannot be resolved as succeeded"):
+        _resolve(op, operator, _payment_at_provider(op))
+    assert _requests() == 0

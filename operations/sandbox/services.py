@@ -260,14 +260,18 @@ def sandbox_webhooks_deliver(*, target_base_url: str) -> int:
             )
             if not batch:
                 continue
+            # Held-back events first, so a reversal is spent only on a round it can reorder.
+            batch = [
+                hook for hook in batch
+                if not sandbox_fault_take(provider=provider, kinds=[FaultKind.LATE_WEBHOOK],
+                                          operation_ids=[hook.operation_id])
+            ]
             op_ids = {hook.operation_id for hook in batch}
-            if sandbox_fault_take(provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS],
-                                  operation_ids=op_ids):
+            if len(batch) > 1 and sandbox_fault_take(
+                provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS], operation_ids=op_ids
+            ):
                 batch.reverse()
             for hook in batch:
-                if sandbox_fault_take(provider=provider, kinds=[FaultKind.LATE_WEBHOOK],
-                                      operation_ids=[hook.operation_id]):
-                    continue
                 copies = 1
                 if sandbox_fault_take(provider=provider, kinds=[FaultKind.DUPLICATE_WEBHOOK],
                                       operation_ids=[hook.operation_id]):

@@ -160,6 +160,21 @@ def test_it_holds_back_and_reorders_webhooks(sandbox, settings, receiver):
     assert len(order) == 3 and PaymentIntent.objects.count() == 3
 
 
+def test_it_spends_a_reordering_only_on_a_round_it_can_reorder(sandbox, receiver):
+    PAYMENTS.call(payment())  # one event in the round: nothing to reorder
+    sandbox_fault_set(provider="payments", kind="out_of_order_webhooks")
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 1
+    assert SandboxFault.objects.get().remaining == 1
+    slow = payment(amount_minor=150_000_000)  # processing now, succeeded when settled
+    accepted = PAYMENTS.call(slow)
+    sandbox_payment_settle(payment_intent_id=accepted.external_id)
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
+    assert [f.event_type for f in receiver.facts("payments")[1:]] == [
+        "payment_intent.succeeded", "payment_intent.processing"
+    ]
+    assert SandboxFault.objects.get().remaining == 0
+
+
 def test_it_switches_faults_from_the_command_line(db):
     call_command("sandbox_fault", "payments", "commit_then_drop", "--match", "op_x",
                  "--times", "2", "--seconds", "3")

@@ -31,11 +31,27 @@ def _run(*args: str) -> str:
 
 @pytest.mark.django_db
 def test_it_prepares_and_prints_only_the_new_operation_id(acme):
-    out = _run(*prepare_args())
+    err = io.StringIO()
+    out = io.StringIO()
+    call_command("operations", *prepare_args(), stdout=out, stderr=err)
+    out = out.getvalue()
     op = Operation.objects.get()
-    assert out == f"{op.id}\n"
+    assert out == f"{op.id}\n" and err.getvalue() == ""  # awaits a person: nothing to add
     assert op.status == "not_started" and op.payload == PAYMENT
     assert AuditEvent.objects.filter(action="operation.prepare", object_id=op.id).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_says_on_stderr_when_the_policy_authorized_the_intent(acme):
+    out, err = io.StringIO(), io.StringIO()
+    call_command("operations", *prepare_args(
+        {"to": "anna@example.com", "template": "receipt", "params": {}}, action="mail.send"
+    ), stdout=out, stderr=err)
+    op = Operation.objects.get()
+    assert out.getvalue() == f"{op.id}\n"  # scripts still read the bare id
+    assert "authorized by policy" in err.getvalue()
+    assert f"operations execute {op.id}" in err.getvalue()
+    assert op.provider_calls == 0
 
 
 @pytest.mark.django_db

@@ -107,6 +107,12 @@ class Command(BaseCommand):
         except IntentError as exc:
             raise CommandError(f"intent refused: {exc}") from exc
         self.stdout.write(op.id)
+        if op.authorized_hash:
+            # Said on stderr: stdout stays the bare id for scripts.
+            self.stderr.write(
+                "authorized by policy: the sweep runs it within "
+                f"{settings.EXECUTE_RECHECK_SECONDS}s; 'operations execute {op.id}' runs it now"
+            )
 
     def _show(self, options: dict[str, Any]) -> None:
         op = _operation(options["operation_id"])

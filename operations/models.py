@@ -473,12 +473,24 @@ class WebhookEvent(models.Model):
     received_at = models.DateTimeField(auto_now_add=True)
     applied = models.BooleanField(default=False)
     outcome = models.CharField(max_length=200, blank=True)
+    # The provider reports another outcome for an operation a person settled or holds: not
+    # applied (a person's decision stands), but shown to operators until they act on the
+    # operation again.
+    needs_review = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(
                 fields=["provider", "event_id"], name="webhook_provider_event_unique"
+            ),
+        ]
+        indexes = [
+            # The operators' queue and the dashboard read the few events that need review.
+            models.Index(
+                fields=["operation", "received_at"],
+                condition=models.Q(needs_review=True),
+                name="webhook_needs_review_idx",
             ),
         ]
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, F, Min, OuterRef, Q, QuerySet, Subquery
 from django.http import Http404
 from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
@@ -22,6 +22,7 @@ from operations.models import (
     Operation,
     OperationStatus,
     Tenant,
+    WebhookEvent,
 )
 from operations.signals import RelatedPage, operation_related_pages
 
@@ -153,6 +154,8 @@ def dashboard_metrics(user) -> dict:
             operation__tenant_id__in=tenant_ids, kind=AttemptKind.CALL,
             error_class="version_conflict",
         ).values("operation_id").distinct().count(),
+        "held_for_review": webhooks_held_for_review(tenant_ids=tenant_ids)
+        .values("operation_id").distinct().count(),
         # Resolutions only: a dispute (also a person's evidence) puts an effect on hold.
         "manual_resolutions": Evidence.objects.filter(
             operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,
@@ -201,6 +204,31 @@ def operations_unknown_queue(user, *, limit: int = 100):
             last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),
         )
         .order_by("unknown_since", "id")[:limit]
+    )
+
+
+def webhooks_held_for_review(
+    *, tenant_ids: list[int] | None = None, operation: Operation | None = None
+) -> QuerySet[WebhookEvent]:
+    """Provider events that contradict what a person decided (or holds), received since the
+    operation's status last changed: acting on it again (dispute, resolve) clears them."""
+    events = WebhookEvent.objects.filter(
+        needs_review=True, received_at__gt=F("operation__status_changed_at")
+    )
+    if operation is not None:
+        events = events.filter(operation=operation)
+    if tenant_ids is not None:
+        events = events.filter(operation__tenant_id__in=tenant_ids)
+    return events
+
+
+def operations_held_for_review(user, *, limit: int = 100) -> list[WebhookEvent]:
+    """For the operators' queue: the contradicting events, newest first, with their
+    operation."""
+    return list(
+        webhooks_held_for_review(tenant_ids=tenant_ids_for_user(user))
+        .select_related("operation", "operation__tenant")
+        .order_by("-received_at")[:limit]
     )
 
 

@@ -29,11 +29,13 @@ from operations.selectors import (
     keyset_page,
     operation_for_user,
     operation_timeline,
+    operations_held_for_review,
     operations_journal,
     operations_unknown_count,
     operations_unknown_queue,
     related_pages_for_user,
     tenants_for_user,
+    webhooks_held_for_review,
 )
 from operations.tasks import execute_on_commit
 
@@ -74,7 +76,9 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     rows = [(op, intent_summary(action=op.action, payload=op.payload)) for op in queue]
     # Only a full page can have more behind it; then say how many wait in all.
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
-    return render(request, "operations/unknown.html", {"rows": rows, "total": total})
+    held = operations_held_for_review(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    return render(request, "operations/unknown.html", {"rows": rows, "total": total,
+                                                       "held": held})
 
 
 def _panel_context(
@@ -95,6 +99,7 @@ def _panel_context(
         "op": op,
         "lease_expired": lease_expired(op),
         "timeline": operation_timeline(op),
+        "held_for_review": list(webhooks_held_for_review(operation=op).order_by("received_at")),
         "can_reconcile": can_reconcile,
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
         "can_dispute": can_operate and dispute_applies(op),

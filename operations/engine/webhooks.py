@@ -26,7 +26,8 @@ from operations.models import (
 def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
     """Store a verified provider event once and apply it only as an allowed transition.
 
-    Returns (result, message): result is "duplicate", "applied", "ignored" or "unlinked".
+    Returns (result, message): result is "duplicate", "applied", "ignored", "held" (for a
+    person: the provider contradicts their decision) or "unlinked".
     One transaction: a crash after storing the event but before applying it would otherwise
     leave it stored, so the provider's redelivery would be answered "duplicate" and the
     event never applied. A concurrent delivery of the same event waits on the unique index
@@ -57,7 +58,8 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
         )
         result, message = _webhook_transition(op, facts=facts)
         WebhookEvent.objects.filter(id=event.id).update(
-            operation=op, applied=result == "applied", outcome=message[:200]
+            operation=op, applied=result == "applied", needs_review=result == "held",
+            outcome=message[:200],
         )
         return result, message
 
@@ -93,6 +95,16 @@ def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
     )
     if op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
+        if target is not None and target != op.status:
+            # A person's decision stands, but the provider now says otherwise (money may have
+            # moved after all): held for that person, loudly, not only a line on a timeline.
+            message = (
+                f"held for review: the provider reports {target} "
+                f"({facts.external_id or 'no id'}); {op.id} stays {op.status} by an "
+                "operator's decision"
+            )
+            _webhook_evidence(op, facts=facts, data=data, message=message)
+            return "held", message
     elif other_object:
         # Two provider objects carry this operation (a data incident): an event about the one
         # we did not record says nothing certain about ours. Kept on the timeline for a person.
@@ -126,6 +138,12 @@ def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
         if won:
             return "applied", f"applied: {op.status} → {target}"
         return "ignored", "ignored: status moved meanwhile"
+    _webhook_evidence(op, facts=facts, data=data, message=message)
+    return "ignored", message
+
+
+def _webhook_evidence(op: Operation, *, facts, data: dict[str, Any], message: str) -> None:
+    """An event that moved nothing, kept on the operation's timeline."""
     Evidence.objects.create(
         operation=op,
         kind=EvidenceKind.WEBHOOK,
@@ -134,4 +152,3 @@ def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
         summary=f"webhook {facts.event_type} {message}",
         data=data,
     )
-    return "ignored", message

@@ -20,6 +20,7 @@ from operations.models import (
     Evidence,
     EvidenceKind,
     Operation,
+    WebhookEvent,
 )
 from operations.sandbox.services import (
     sandbox_counts,
@@ -666,3 +667,45 @@ def test_it_asks_the_provider_only_about_an_operation_that_can_be_resolved(
     with pytest.raises(TransitionRefused, match="cannot be resolved as succeeded"):
         _resolve(op, operator, _payment_at_provider(op))
     assert _requests() == 0
+
+
+@pytest.mark.django_db
+def test_it_holds_a_provider_event_that_contradicts_a_person_for_review(
+    acme_unknown, operator, other_tenant_user
+):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import dashboard_metrics
+
+    op = acme_unknown
+    operation_resolve(operation_id=op.id, actor=operator, outcome="failed",
+                      evidence_text="bank statement shows no debit", reason="checked")
+
+    def event(event_id: str, status: CallOutcome, kind: str) -> tuple[str, str]:
+        return webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type=f"payment_intent.{kind}", operation_id=op.id,
+            external_id="pi_late", status=status))
+
+    assert event("evt_agrees", CallOutcome.FAILED, "payment_failed")[0] == "ignored"
+    assert dashboard_metrics(operator)["held_for_review"] == 0
+    result, message = event("evt_contradicts", CallOutcome.SUCCEEDED, "succeeded")
+    op.refresh_from_db()
+    assert result == "held" and "provider reports succeeded" in message
+    assert op.status == "failed" and op.external_id == ""  # the person's decision stands
+    assert WebhookEvent.objects.get(event_id="evt_contradicts").needs_review
+
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    assert "The provider disagrees with the decision" in page and "pi_late" in page
+    queue = client.get("/operations/unknown/").content.decode()
+    assert 'id="held"' in queue and op.id in queue
+    assert dashboard_metrics(operator)["held_for_review"] == 1
+    assert "#held" in client.get("/").content.decode()
+    assert dashboard_metrics(other_tenant_user)["held_for_review"] == 0
+    assert op.id not in signed_in(other_tenant_user).get("/operations/unknown/").content.decode()
+
+    # A person looks again: the notice has done its job.
+    operation_dispute(operation_id=op.id, actor=operator, reason="treasury checks the late debit")
+    assert dashboard_metrics(operator)["held_for_review"] == 0
+    assert "The provider disagrees" not in client.get(f"/operations/{op.id}/").content.decode()
+    assert 'id="held"' not in client.get("/operations/unknown/").content.decode()

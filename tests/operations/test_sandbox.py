@@ -183,6 +183,9 @@ def test_it_switches_faults_from_the_command_line(db):
     assert (fault.provider, fault.kind, fault.match, fault.remaining, fault.params) == (
         "payments", "commit_then_drop", "op_x", 2, {"seconds": 3.0}
     )
+    call_command("sandbox_fault", "payments", "http_500", "--times", "5")
+    call_command("sandbox_fault", "payments", "clear", "--kind", "http_500")
+    assert list(SandboxFault.objects.values_list("kind", flat=True)) == ["commit_then_drop"]
     call_command("sandbox_fault", "payments", "clear")
     assert SandboxFault.objects.count() == 0
     with pytest.raises(ValueError):

@@ -19,12 +19,16 @@ class Command(BaseCommand):
         parser.add_argument("--match", default="*", help='operation id, or "*" for all')
         parser.add_argument("--times", type=int, default=1)
         parser.add_argument("--seconds", type=float, default=None)
+        parser.add_argument(
+            "--kind", dest="clear_kind", choices=FaultKind.values, default=None,
+            help="with clear: only this kind (stop the 5xx, keep the held-back webhooks)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         provider, kind, match = options["provider"], options["kind"], options["match"]
         if kind == "clear":
             deleted = sandbox_fault_clear(
-                provider=provider, match=None if match == "*" else match
+                provider=provider, kind=options["clear_kind"], match=None if match == "*" else match
             )
             self.stdout.write(f"cleared {deleted} fault(s) of {provider}")
             return

@@ -172,10 +172,13 @@ def test_it_fits_a_phone_screen_without_sideways_scrolling(
             for table in page.locator("table.diff").all():  # the new value is on screen
                 box = table.bounding_box()
                 assert box is not None and box["x"] + box["width"] <= 390, path
-        # Every main link stays on screen.
+        # Every main link stays on screen, and is tall enough for a thumb (WCAG 2.5.8).
         for link in page.locator("nav[aria-label=Main] a").all():
             box = link.bounding_box()
             assert box is not None and box["x"] + box["width"] <= 390, link.inner_text()
+            assert box["height"] >= 24, (link.inner_text(), box["height"])
+        sign_out = page.get_by_role("button", name="Sign out").bounding_box()
+        assert sign_out is not None and sign_out["height"] >= 24
     finally:
         context.close()
 

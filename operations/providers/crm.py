@@ -23,6 +23,8 @@ from operations.providers.signing import header_get, hmac_signature_verify, sign
 from operations.providers.transport import (
     Answer,
     call_result,
+    carried_ids,
+    lookup_by_id,
     lookup_common,
     lookup_failure,
     path_segment,
@@ -54,21 +56,17 @@ def _deal_retrieve(
     deal_id: str, *, carried: Callable[[Mapping[str, Any]], Iterable[str]]
 ) -> LookupResult:
     """The deal with this id; `carried` reads which operations it names as its origin."""
-    method = LookupMethod.EXTERNAL_ID
-    answer = send(
-        "GET", f"{_base()}/deals/{path_segment(deal_id)}", api_key=settings.CRM_API_KEY
-    )
-    common = lookup_common(answer, method=method)
-    if answer.status == 404:
-        return LookupResult(outcome=LookupOutcome.ABSENT,
-                            reason=f"deal {deal_id} does not exist", **common)
-    if not answer.ok:
-        return lookup_failure(answer, method=method)
-    facts = _deal_facts(answer.body)
-    return LookupResult(
-        outcome=LookupOutcome.FOUND, status=CallOutcome.SUCCEEDED, external_id=deal_id,
-        matches=[facts], result=facts,
-        operation_ids=tuple(str(op_id) for op_id in carried(answer.body) if op_id), **common,
+
+    def found(deal: Mapping[str, Any]) -> dict[str, Any]:
+        facts = _deal_facts(deal)
+        return {
+            "status": CallOutcome.SUCCEEDED, "external_id": deal_id,
+            "matches": [facts], "result": facts, "operation_ids": carried_ids(*carried(deal)),
+        }
+
+    return lookup_by_id(
+        f"{_base()}/deals/{path_segment(deal_id)}", api_key=settings.CRM_API_KEY,
+        what=f"deal {deal_id}", found=found,
     )
 
 

@@ -23,6 +23,8 @@ from operations.providers.base import (
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
 from operations.providers.transport import (
     call_result,
+    carried_ids,
+    lookup_by_id,
     lookup_common,
     lookup_failure,
     path_segment,
@@ -122,23 +124,18 @@ class MailSendAdapter:
         )
 
     def retrieve(self, external_id: str) -> LookupResult:
-        method = LookupMethod.EXTERNAL_ID
-        answer = send(
-            "GET", f"{_base()}/messages/{path_segment(external_id)}",
-            api_key=settings.MAIL_API_KEY,
-        )
-        common = lookup_common(answer, method=method)
-        if answer.status == 404:
-            return LookupResult(outcome=LookupOutcome.ABSENT,
-                                reason=f"message {external_id} does not exist", **common)
-        if not answer.ok:
-            return lookup_failure(answer, method=method)
-        facts = _message_facts(answer.body)
-        operation_id = answer.body.get("operation_id")
-        return LookupResult(
-            outcome=LookupOutcome.FOUND, status=message_status(answer.body),
-            external_id=str(facts["id"] or external_id), matches=[facts], result=facts,
-            operation_ids=(str(operation_id),) if operation_id else (), **common,
+        def found(message: Mapping[str, Any]) -> dict[str, Any]:
+            facts = _message_facts(message)
+            return {
+                "status": message_status(message),
+                "external_id": str(facts["id"] or external_id),
+                "matches": [facts], "result": facts,
+                "operation_ids": carried_ids(message.get("operation_id")),
+            }
+
+        return lookup_by_id(
+            f"{_base()}/messages/{path_segment(external_id)}",
+            api_key=settings.MAIL_API_KEY, what=f"message {external_id}", found=found,
         )
 
 

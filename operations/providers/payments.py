@@ -23,6 +23,8 @@ from operations.providers.base import (
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
 from operations.providers.transport import (
     call_result,
+    carried_ids,
+    lookup_by_id,
     lookup_common,
     lookup_failure,
     path_segment,
@@ -108,24 +110,17 @@ class PaymentsCreateAdapter:
         return self._search(op)
 
     def retrieve(self, external_id: str) -> LookupResult:
-        method = LookupMethod.EXTERNAL_ID
-        answer = send(
-            "GET", f"{self._base()}/v1/payment_intents/{path_segment(external_id)}",
-            api_key=settings.PAYMENTS_API_KEY,
-        )
-        common = lookup_common(answer, method=method)
-        if answer.status == 404:
-            # Stripe never reuses an id, so "no such object" is a proof.
-            return LookupResult(outcome=LookupOutcome.ABSENT,
-                                reason=f"payment {external_id} does not exist", **common)
-        if not answer.ok:
-            return lookup_failure(answer, method=method)
-        operation_id = (answer.body.get("metadata") or {}).get("operation_id")
-        return LookupResult(
-            outcome=LookupOutcome.FOUND, status=payment_status(str(answer.body.get("status"))),
-            external_id=str(answer.body.get("id", external_id)),
-            matches=[_facts(answer.body)], result=_facts(answer.body),
-            operation_ids=(str(operation_id),) if operation_id else (), **common,
+        def found(intent: Mapping[str, Any]) -> dict[str, Any]:
+            return {
+                "status": payment_status(str(intent.get("status"))),
+                "external_id": str(intent.get("id", external_id)),
+                "matches": [_facts(intent)], "result": _facts(intent),
+                "operation_ids": carried_ids((intent.get("metadata") or {}).get("operation_id")),
+            }
+
+        return lookup_by_id(
+            f"{self._base()}/v1/payment_intents/{path_segment(external_id)}",
+            api_key=settings.PAYMENTS_API_KEY, what=f"payment {external_id}", found=found,
         )
 
     def _search(self, op: OperationSnapshot) -> LookupResult:

@@ -18,6 +18,7 @@ from django.utils import timezone
 from operations.providers.base import (
     CallOutcome,
     CallResult,
+    LookupMethod,
     LookupOutcome,
     LookupResult,
     request_fingerprint,
@@ -200,3 +201,26 @@ def lookup_failure(answer: Answer, *, method: Any) -> LookupResult:
         retry_after=LOOKUP_RETRY_AFTER,
         **lookup_common(answer, method=method),
     )
+
+
+def lookup_by_id(
+    url: str, *, api_key: str, what: str, found: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> LookupResult:
+    """GET one object by the provider's own id: absent on 404 (a provider never reuses an
+    id it gave, so "no such object" is a proof), inconclusive when it could not be asked,
+    else FOUND with what `found` reads of the object (status, external_id, facts, the
+    operation ids it carries)."""
+    method = LookupMethod.EXTERNAL_ID
+    answer = send("GET", url, api_key=api_key)
+    common = lookup_common(answer, method=method)
+    if answer.status == 404:
+        return LookupResult(outcome=LookupOutcome.ABSENT, reason=f"{what} does not exist",
+                            **common)
+    if not answer.ok:
+        return lookup_failure(answer, method=method)
+    return LookupResult(outcome=LookupOutcome.FOUND, **found(answer.body), **common)
+
+
+def carried_ids(*ids: Any) -> tuple[str, ...]:
+    """The operation ids an object names, without the empty ones."""
+    return tuple(str(op_id) for op_id in ids if op_id)

@@ -471,6 +471,9 @@ class WebhookEvent(models.Model):
     data = models.JSONField(default=dict)
     provider_created_at = models.DateTimeField(null=True, blank=True)
     received_at = models.DateTimeField(auto_now_add=True)
+    # How often the provider sent it: duplicates are answered and change nothing, but an
+    # auditor (or a demo of the duplicate fault) sees that they came.
+    deliveries = models.PositiveIntegerField(default=1)
     applied = models.BooleanField(default=False)
     outcome = models.CharField(max_length=200, blank=True)
     # The provider reports another outcome for an operation a person settled or holds: not

@@ -321,7 +321,11 @@ def operation_timeline(op) -> list[TimelineEntry]:
             at=event.received_at,
             kind="webhook",
             title=f"Webhook {event.provider} {event.event_type}",
-            detail=" · ".join(p for p in (event.event_id, event.outcome) if p),
+            detail=" · ".join(p for p in (
+                event.event_id, event.outcome,
+                f"delivered {event.deliveries} times, applied at most once"
+                if event.deliveries > 1 else "",
+            ) if p),
         )
         keyed.append(((event.received_at, 2, event.id), entry))
     audit = AuditEvent.objects.filter(object_type="operation", object_id=op.id).order_by("id")

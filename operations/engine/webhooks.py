@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
 from operations import transitions
 from operations.engine import core
@@ -45,6 +45,9 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
                     provider_created_at=facts.created_at,
                 )
         except IntegrityError:
+            WebhookEvent.objects.filter(provider=provider, event_id=facts.event_id).update(
+                deliveries=F("deliveries") + 1
+            )
             return "duplicate", f"event {facts.event_id} already received"
         op, problem = _webhook_operation(provider=provider, facts=facts)
         if op is None:

@@ -324,6 +324,13 @@ def test_it_applies_a_webhook_once_however_often_it_arrives(
     assert events.filter(event_type="payment_intent.succeeded").count() == 1
     assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    # The second copy was answered and changed nothing, but it is on the record.
+    succeeded = events.get(event_type="payment_intent.succeeded")
+    assert succeeded.deliveries == 2
+    from operations.selectors import operation_timeline
+
+    assert any("delivered 2 times, applied at most once" in entry.detail
+               for entry in operation_timeline(op))
 
 
 @pytest.mark.django_db(transaction=True)

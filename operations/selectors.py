@@ -222,7 +222,7 @@ def webhooks_held_for_review(
     return events
 
 
-def operations_held_for_review(user, *, limit: int = 100) -> list[WebhookEvent]:
+def webhooks_for_review_for_user(user, *, limit: int = 100) -> list[WebhookEvent]:
     """For the operators' queue: the contradicting events, newest first, with their
     operation."""
     return list(

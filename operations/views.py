@@ -29,12 +29,12 @@ from operations.selectors import (
     keyset_page,
     operation_for_user,
     operation_timeline,
-    operations_held_for_review,
     operations_journal,
     operations_unknown_count,
     operations_unknown_queue,
     related_pages_for_user,
     tenants_for_user,
+    webhooks_for_review_for_user,
     webhooks_held_for_review,
 )
 from operations.tasks import execute_on_commit
@@ -76,7 +76,7 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     rows = [(op, intent_summary(action=op.action, payload=op.payload)) for op in queue]
     # Only a full page can have more behind it; then say how many wait in all.
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
-    held = operations_held_for_review(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
     return render(request, "operations/unknown.html", {"rows": rows, "total": total,
                                                        "held": held})
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from operations.ids import new_id
 
@@ -382,7 +383,9 @@ class Attempt(models.Model):
     number = models.PositiveIntegerField()
     kind = models.CharField(max_length=10, choices=AttemptKind)
     worker = models.CharField(max_length=64, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
+    # When the request left: now for a call made as it is recorded; earlier for a lookup
+    # recorded only once its answer was kept (a resolution's verifying lookup).
+    started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(
         max_length=20, choices=AttemptOutcome, default=AttemptOutcome.STARTED

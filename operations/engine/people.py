@@ -175,18 +175,15 @@ def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
     """The lookup that confirmed the reference, as reconcile records its lookups. Written
     inside the resolution's transaction, only once the answer was kept."""
     # Locked first: attempt numbers are drawn under the row lock (next_attempt_number).
-    list(Operation.objects.select_for_update().filter(id=op.id).values_list("id", flat=True))
-    attempt = Attempt.objects.create(
+    Operation.objects.select_for_update().filter(id=op.id).values_list("id").first()
+    return Attempt.objects.create(
         operation_id=op.id,
         number=next_attempt_number(op.id),
         kind=AttemptKind.LOOKUP,
         worker=worker_name(),
+        started_at=verified.started_at,
         **lookup_attempt_fields(verified.found, finished_at=verified.finished_at),
     )
-    # started_at is auto_now_add; the row was written after the answer came, the request
-    # left before it.
-    Attempt.objects.filter(id=attempt.id).update(started_at=verified.started_at)
-    return attempt
 
 
 def operation_dispute(*, operation_id: str, actor, reason: str) -> Operation:

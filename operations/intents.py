@@ -143,6 +143,11 @@ def _refuse_secrets(value: Any, path: str) -> None:
         for key, inner in value.items():
             if _SECRET_NAMES.search(_field_words(str(key))):
                 raise IntentError(f"{path}.{key}: a field named like a secret is not allowed")
+            # A key is journaled and shown like a value: a card or a secret there is refused
+            # too, and the refusal does not repeat it.
+            problem = secret_in_text(str(key))
+            if problem:
+                raise IntentError(f"{path}: a key looks like {problem}")
             if key in _TYPED_NUMBERS and isinstance(inner, int):
                 continue
             _refuse_secrets(inner, f"{path}.{key}")

@@ -210,3 +210,20 @@ def test_it_diffs_field_by_field_masked():
         ("Beneficiary", "••••2345", "••••9999"),
         ("Amount", "12,500.00 KZT", "13,500.00 KZT"),
     ]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"4111111111111111": "paid"},
+        {"card": {"4111 1111 1111 1111": "x"}},
+        {"sk_live_abcdefgh12345678": "x"},
+    ],
+)
+def test_it_refuses_a_card_number_or_a_secret_written_as_a_key(params):
+    # A key is stored in the journal and shown to approvers just as a value is.
+    with pytest.raises(IntentError) as refused:
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": "offer", "params": params})
+    # The refusal never repeats what it refused.
+    assert "4111" not in str(refused.value) and "abcdefgh" not in str(refused.value)

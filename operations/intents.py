@@ -372,7 +372,9 @@ def _nested(value: Any, *, masked: bool, mask_plain_text: bool = False) -> str:
 
 
 def _key(key: str, *, masked: bool) -> str:
-    return mask_email(key) if masked and _EMAIL.match(key) else key
+    """A key can hold what a value can (an address, an account or phone number): masked
+    where it stands, as inside a deal's name."""
+    return mask_inline(key) if masked else key
 
 
 def _params(value: Mapping[str, Any], *, masked: bool) -> str:

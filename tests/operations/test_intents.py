@@ -227,3 +227,17 @@ def test_it_refuses_a_card_number_or_a_secret_written_as_a_key(params):
             "to": "anna@example.com", "template": "offer", "params": params})
     # The refusal never repeats what it refused.
     assert "4111" not in str(refused.value) and "abcdefgh" not in str(refused.value)
+
+
+def test_it_masks_an_account_or_phone_number_written_as_a_key():
+    mail = {"to": "cfo@acme.test", "template": "welcome",
+            "params": {"77011234567": "call back", "contact": {"40817810099911": "main"}}}
+    shown = {r.name: r.value for r in intent_rows(action="mail.send", payload=mail)}["params"]
+    summary_rows = intent_diff(action="mail.send", old_payload={**mail, "params": {}},
+                               new_payload=mail)
+    for text in (shown, *(row.new for row in summary_rows)):
+        assert "77011234567" not in text and "40817810099911" not in text
+    assert "••••4567" in shown and "••••9911" in shown
+    unmasked = {r.name: r.value for r in intent_rows(
+        action="mail.send", payload=mail, unmasked=True)}["params"]
+    assert "77011234567" in unmasked and "40817810099911" in unmasked

@@ -136,6 +136,10 @@ def _holds_card_number(text: str) -> bool:
 
 # The schemas' own numbers: an amount or a version is never card data, however long.
 _TYPED_NUMBERS = frozenset({"amount_minor", "expected_version"})
+# Where they stand in an intent: a key of the same name inside free parameters is not one.
+_TYPED_NUMBER_PATHS = frozenset(
+    {"payload.amount_minor", "payload.expected_version", "payload.patch.amount_minor"}
+)
 
 
 def _refuse_secrets(value: Any, path: str) -> None:
@@ -148,7 +152,7 @@ def _refuse_secrets(value: Any, path: str) -> None:
             problem = secret_in_text(str(key))
             if problem:
                 raise IntentError(f"{path}: a key looks like {problem}")
-            if key in _TYPED_NUMBERS and isinstance(inner, int):
+            if f"{path}.{key}" in _TYPED_NUMBER_PATHS and isinstance(inner, int):
                 continue
             _refuse_secrets(inner, f"{path}.{key}")
     elif isinstance(value, list):

@@ -241,3 +241,22 @@ def test_it_masks_an_account_or_phone_number_written_as_a_key():
     unmasked = {r.name: r.value for r in intent_rows(
         action="mail.send", payload=mail, unmasked=True)}["params"]
     assert "77011234567" in unmasked and "40817810099911" in unmasked
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"amount_minor": 4111111111111111},
+        {"order": {"expected_version": 4111111111111111}},
+    ],
+)
+def test_it_refuses_a_card_number_under_a_key_named_like_the_schemas_numbers(params):
+    # Only the schema's own amount and version are exempt, not any key of the same name.
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": "offer", "params": params})
+    # The schema's own numbers stay exempt, however long.
+    intent_validate(action="payments.create", payload={**PAYMENT, "amount_minor": 4111111111111111})
+    intent_validate(action="crm.update_deal", payload={
+        **DEAL_CHANGE, "expected_version": 4111111111111111,
+        "patch": {"amount_minor": 4111111111111111}})

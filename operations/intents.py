@@ -38,7 +38,11 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
 # digits there (an account or phone number): masked where they stand.
 _EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[A-Za-z]{2,}")
-_EMBEDDED_DIGITS = re.compile(r"\d(?:[\d \-.]*\d)?")
+# What stands between the groups of a number as people write it ("4111 1111 …", "4111-1111…",
+# "4111.1111…") and as text pasted from elsewhere carries it: tabs, non-breaking or repeated
+# spaces, line breaks, typographic dashes.
+_NUMBER_SEPARATORS = r"\s.\-\u2010-\u2015\u2212\ufe63\uff0d"
+_EMBEDDED_DIGITS = re.compile(rf"\d(?:[\d{_NUMBER_SEPARATORS}]*\d)?")
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     Action.PAYMENTS_CREATE: (
@@ -94,9 +98,9 @@ _SECRET_VALUES = (
     (re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}"), "an access token"),
     (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "a cloud access key"),
 )
-# Digits in groups, as people write them: "4111 1111 1111 1111", "4111-1111-…", "4111.1111…".
-_DIGIT_GROUPS = re.compile(r"\d+(?:[ .\-]\d+)*")
-_GROUP_SEPARATOR = re.compile(r"[ .\-]")
+# Digits in groups, however they are separated: "4111 1111 1111 1111", "4111 - 1111 - …".
+_DIGIT_GROUPS = re.compile(rf"\d+(?:[{_NUMBER_SEPARATORS}]+\d+)*")
+_GROUP_SEPARATOR = re.compile(rf"[{_NUMBER_SEPARATORS}]+")
 # JSON's safe integers: beyond them a number is not the same number everywhere (RFC 8785).
 _MAX_SAFE_INTEGER = 2**53 - 1
 

@@ -11,6 +11,7 @@ from operations.intents import (
     intent_validate,
     mask_email,
     money_format,
+    secret_in_text,
 )
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_778812345",
@@ -260,3 +261,29 @@ def test_it_refuses_a_card_number_under_a_key_named_like_the_schemas_numbers(par
     intent_validate(action="crm.update_deal", payload={
         **DEAL_CHANGE, "expected_version": 4111111111111111,
         "patch": {"amount_minor": 4111111111111111}})
+
+
+@pytest.mark.parametrize(
+    "card",
+    [
+        "4111\t1111\t1111\t1111",  # pasted from a spreadsheet
+        "4111\u00a01111\u00a01111\u00a01111",  # non-breaking spaces, as a PDF copies them
+        "4111  1111  1111  1111",
+        "4111 - 1111 - 1111 - 1111",
+        "4111\u20131111\u20131111\u20131111",  # en dashes
+        "4111\n1111\n1111\n1111",
+    ],
+)
+def test_it_refuses_a_card_number_whatever_whitespace_or_dashes_separate_its_groups(card):
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": "offer", "params": {"note": card}})
+    # A person's words are held to the same rule.
+    assert "card number" in secret_in_text(f"refunded to {card}")
+
+
+def test_it_masks_a_phone_number_in_a_deal_name_whatever_separates_its_groups():
+    deal = {"name": "Call back +7\u00a0701\u00a0123\u00a04567", "amount_minor": 1500000,
+            "currency": "EUR", "owner": "sam@acme.test"}
+    rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
+    assert rows["name"] == "Call back +••••4567"

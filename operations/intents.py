@@ -34,6 +34,8 @@ class Field:
 
 
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
+# A provider's id (deal_…): it becomes one segment of the provider's URL.
+_PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
 # digits there (an account or phone number): masked where they stand.
@@ -234,6 +236,10 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     if action == Action.MAIL_SEND and not _EMAIL.match(payload["to"]):
         raise IntentError(f"{action}: to must be an email address")
     if action == Action.CRM_UPDATE_DEAL:
+        if not _PROVIDER_ID.fullmatch(payload["target"]):
+            raise IntentError(
+                f"{action}: target must be the deal's id (letters, digits and _ . : - only)"
+            )
         _deal_patch_validate(payload["patch"], action=action)
     _refuse_secrets(dict(payload), "payload")
     return dict(payload)

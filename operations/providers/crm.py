@@ -149,8 +149,9 @@ class CrmUpdateDealAdapter:
             "agent_operation_id": op.id,
         }
         answer = send(
-            "PATCH", f"{_base()}/deals/{payload['target']}", api_key=settings.CRM_API_KEY,
-            json=body,
+            # One path segment, as retrieve sends it: never a path to another deal or endpoint.
+            "PATCH", f"{_base()}/deals/{path_segment(str(payload['target']))}",
+            api_key=settings.CRM_API_KEY, json=body,
         )
         result = _call_result(answer, body)
         current = result.result.get("current") or {}

@@ -95,6 +95,19 @@ def test_it_refuses_a_deal_change_the_crm_could_not_apply(patch, message):
 
 
 @pytest.mark.parametrize(
+    "target", ["../../payments/v1/payment_intents", "deal_1/../deal_2", "deal_1?expected_version=9",
+               "deal_1#x", "..", " deal_1", ""],
+)
+def test_it_refuses_a_deal_target_that_is_not_one_deals_id(target):
+    # The target becomes a segment of the CRM's URL: anything else would address another
+    # object or endpoint than the one the approver read.
+    with pytest.raises(IntentError, match="target"):
+        intent_validate(action="crm.update_deal", payload={**DEAL_CHANGE, "target": target})
+    intent_validate(action="crm.update_deal",
+                    payload={**DEAL_CHANGE, "target": "deal_01J8Z3K2M4.v2:eu-1"})
+
+
+@pytest.mark.parametrize(
     ("params", "refused"),
     [
         ({"ref": 4111111111111111}, True),  # a card as a number

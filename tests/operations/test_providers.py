@@ -308,6 +308,20 @@ def test_it_refuses_a_deal_patch_the_deal_cannot_hold_with_a_400(sandbox, patch)
     assert (deal.version, deal.applied_operation_ids) == (1, [])
 
 
+def test_it_sends_a_deal_change_only_to_the_deal_it_names(sandbox):
+    # A row journaled before targets were checked: its target is one path segment, never
+    # a path that walks to another deal (or another endpoint) with the CRM's key.
+    other = Deal.objects.create(name="Other", amount_minor=100, currency="EUR", owner="dana")
+    op = snapshot("crm.update_deal", {"target": f"nothing/../{other.id}", "expected_version": 1,
+                                      "patch": {"stage": "won"}})
+
+    result = adapter_for("crm.update_deal").call(op)
+
+    assert result.outcome is not CallOutcome.SUCCEEDED
+    other.refresh_from_db()
+    assert (other.version, other.stage, other.applied_operation_ids) == (1, "open", [])
+
+
 def test_it_takes_a_conflict_caused_by_its_own_earlier_update_as_success(sandbox):
     deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
     adapter = adapter_for("crm.update_deal")

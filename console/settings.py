@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -270,6 +272,13 @@ def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
         return value
     if not DEBUG and not _is_sandbox(base):
         raise ConfigError(f"{name} must be set: its provider is not the sandbox ({base})")
+    if not DEBUG:
+        # A demo deployment serves its sandbox to the world: with the printed value anyone
+        # could call it, read every tenant's effects there, and sign webhooks the console
+        # applies. Its own value, from SECRET_KEY, is known to its processes alone (the web
+        # process, the worker and beat derive the same one).
+        digest = hmac.new(SECRET_KEY.encode(), f"sandbox:{name}".encode(), hashlib.sha256)
+        return f"{sandbox_value}_{digest.hexdigest()}"
     return sandbox_value
 
 

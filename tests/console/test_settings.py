@@ -90,6 +90,47 @@ def test_it_starts_a_demo_deployment_whose_sandbox_reaches_itself_over_loopback(
     )
 
 
+SANDBOX_CREDENTIALS = {
+    "PAYMENTS_API_KEY": "sk_test_sandbox", "PAYMENTS_WEBHOOK_SECRET": "whsec_sandbox_payments",
+    "CRM_API_KEY": "crm_sandbox_key", "CRM_WEBHOOK_SECRET": "whsec_sandbox_crm",
+    "MAIL_API_KEY": "mail_sandbox_key", "MAIL_WEBHOOK_SECRET": "whsec_sandbox_mail",
+}
+
+
+def _credentials(**env_overrides: str) -> dict[str, str]:
+    result = subprocess.run(
+        [sys.executable, "-c", "import json, django; django.setup(); from django.conf import "
+         "settings as s; print(json.dumps({n: getattr(s, n) for n in "
+         f"{list(SANDBOX_CREDENTIALS)}}}))"],
+        cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
+        env={**{k: v for k, v in os.environ.items()
+                if k not in {"DEBUG", "SECRET_KEY", *SANDBOX_CREDENTIALS}},
+             "DJANGO_SETTINGS_MODULE": "console.settings",
+             "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/console",
+             "REDIS_URL": "redis://127.0.0.1:6379/0", **env_overrides},
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_it_never_serves_a_demo_deployments_sandbox_with_the_published_credentials():
+    # With DEBUG off the sandbox is served to the world: with the key and webhook secrets
+    # printed in settings.py anyone could call it, read every tenant's effects there, and
+    # sign webhooks that settle any tenant's operations.
+    demo = {"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "demo.example.com",
+            "SANDBOX_ENABLED": "1"}
+    credentials = _credentials(**demo)
+    for name, published in SANDBOX_CREDENTIALS.items():
+        assert credentials[name] != published, name
+    # The web process, the worker and beat derive the same values from the same SECRET_KEY.
+    assert _credentials(**demo) == credentials
+    other = _credentials(**{**demo, "SECRET_KEY": "q" * 60})
+    assert all(other[name] != credentials[name] for name in SANDBOX_CREDENTIALS)
+    # A value the deployer sets wins; a development checkout keeps the published ones.
+    assert _credentials(**demo, CRM_API_KEY="crm_chosen")["CRM_API_KEY"] == "crm_chosen"
+    assert _credentials(DEBUG="1") == SANDBOX_CREDENTIALS
+
+
 def test_it_passes_check_deploy_with_production_values():
     env = {
         "DEBUG": "0",

@@ -154,6 +154,7 @@ def _execute_and_wait(tenant, ids: list[str], queue: str) -> tuple[int, float]:
 
 def bench_end_to_end(env: dict[str, str]) -> tuple[float, float]:
     """(operations per second end to end, sandbox payment creates per second alone)."""
+    from django.conf import settings
     from django.db.models import Count
 
     from console.tasks import ping
@@ -174,6 +175,9 @@ def bench_end_to_end(env: dict[str, str]) -> tuple[float, float]:
         "SECRET_KEY": "bench-" + "k" * 60,
         "ALLOWED_HOSTS": "127.0.0.1",
         "SECURE_SSL_REDIRECT": "0",
+        # With DEBUG off an unset sandbox key is derived from SECRET_KEY; the provider-alone
+        # client (this process, DEBUG on) must send the same one.
+        "PAYMENTS_API_KEY": settings.PAYMENTS_API_KEY,
     }
     procs = [
         subprocess.Popen(

@@ -152,9 +152,15 @@ def _reference_problem(
                 f"{reference} at the {provider} provider names no operation, so nothing ties "
                 "it to this one; check the reference, or resolve with the evidence text alone."
             )
+        # Named only within this tenant: an operator must not learn another tenant's ids.
+        owners = sorted(
+            Operation.objects.filter(id__in=found.operation_ids, tenant_id=op.tenant_id)
+            .values_list("id", flat=True)
+        )
         return (
             f"{reference} at the {provider} provider belongs to "
-            f"{', '.join(found.operation_ids)}, not to {op.id}; check the reference."
+            f"{', '.join(owners) or 'an operation of another tenant'}, not to {op.id}; "
+            "check the reference."
         )
     said = str(found.result.get("status") or found.status)
     settled = LOOKUP_STATUS.get(found.status)

@@ -589,6 +589,26 @@ def test_it_refuses_another_operations_payment_id(acme, operator, sandbox):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_refuses_another_tenants_payment_id_without_naming_its_operation(
+    acme, globex, operator, sandbox
+):
+    theirs = make_unknown(prepared_payment(globex, invoice_id="inv_theirs"))
+    ours = make_unknown(prepared_payment(acme, invoice_id="inv_ours"))
+    payment_id = _payment_at_provider(theirs)
+
+    with pytest.raises(ReferenceRefused) as refused:
+        _resolve(ours, operator, payment_id)
+
+    # The operator of one tenant never learns another tenant's operation ids.
+    assert theirs.id not in str(refused.value)
+    assert str(refused.value) == (
+        f"{payment_id} at the payments provider belongs to an operation of another tenant, "
+        f"not to {ours.id}; check the reference."
+    )
+    _nothing_recorded(ours)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_refuses_a_payment_that_names_no_operation(acme_unknown, operator, sandbox):
     payment_id = sandbox_payment_create(amount=100, currency="kzt", metadata={},
                                         confirm=True)["id"]

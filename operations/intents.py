@@ -36,6 +36,9 @@ class Field:
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 # A provider's id (deal_…): it becomes one segment of the provider's URL.
 _PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}")
+# An intent names an effect and its references, never a document: past this, a person could
+# not review it on an approval card, and scanning it for card data would cost seconds.
+MAX_INTENT_BYTES = 32 * 1024
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
 # digits there (an account or phone number): masked where they stand.
@@ -131,8 +134,10 @@ def _holds_card_number(text: str) -> bool:
         groups = _GROUP_SEPARATOR.split(match.group())
         for start in range(len(groups)):
             digits = ""
-            for group in groups[start:]:
-                digits += group
+            # Indexed, not sliced: a slice per start copies the rest of the groups, which a
+            # long run of "1 1 1 …" turns into seconds of CPU per intent.
+            for index in range(start, len(groups)):
+                digits += groups[index]
                 if len(digits) > 19:
                     break
                 if len(digits) >= 13 and _luhn_ok(digits):
@@ -241,6 +246,12 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
                 f"{action}: target must be the deal's id (letters, digits and _ . : - only)"
             )
         _deal_patch_validate(payload["patch"], action=action)
+    size = len(rfc8785.dumps(dict(payload)))
+    if size > MAX_INTENT_BYTES:
+        raise IntentError(
+            f"{action}: the intent is {size} bytes, more than {MAX_INTENT_BYTES}; an intent "
+            "carries references, not documents"
+        )
     _refuse_secrets(dict(payload), "payload")
     return dict(payload)
 

@@ -300,3 +300,14 @@ def test_it_masks_a_phone_number_in_a_deal_name_whatever_separates_its_groups():
             "currency": "EUR", "owner": "sam@acme.test"}
     rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
     assert rows["name"] == "Call back +••••4567"
+
+
+def test_it_refuses_an_intent_too_large_to_review_before_scanning_it():
+    # A run of digit groups this long took seconds of CPU to scan for card numbers.
+    params = {"note": "1 " * 20000}
+    with pytest.raises(IntentError, match=r"mail.send: the intent is \d+ bytes, more than 32768"):
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": "offer", "params": params})
+    # Just under the limit is an ordinary intent.
+    intent_validate(action="mail.send", payload={
+        "to": "anna@example.com", "template": "offer", "params": {"note": "x" * 30000}})

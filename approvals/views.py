@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
 
 from approvals.forms import ApproveForm, QueueFilterForm, RejectForm
 from approvals.models import Approval
@@ -94,6 +95,8 @@ def queue(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
+# A fragment or the page from one URL: a cache must never hand out one for the other.
+@vary_on_headers("HX-Request")
 def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "view_tenant")
     tenant = approval.operation.tenant

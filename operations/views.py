@@ -10,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
 
 from operations import transitions
 from operations.engine import (
@@ -118,6 +119,8 @@ def _seen(op: Operation) -> str:
 
 
 @require_GET
+# A fragment or the page from one URL: a cache must never hand out one for the other.
+@vary_on_headers("HX-Request")
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     op = operation_for_user(request.user, operation_id)
     seen = request.GET.get("seen", "")

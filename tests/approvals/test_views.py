@@ -49,6 +49,8 @@ def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
         assert BENEFICIARY not in client.get(page).content.decode()
     htmx = client.get(url + "?unmasked=1", HTTP_HX_REQUEST="true")
     assert BENEFICIARY not in htmx.content.decode()
+    # The card and the page share one URL: no cache may hand out one for the other.
+    assert "HX-Request" in htmx["Vary"] and "HX-Request" in client.get(url)["Vary"]
     assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
     masked = client.get(url)
     assert "no-store" not in masked.get("Cache-Control", "")

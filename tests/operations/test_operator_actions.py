@@ -397,9 +397,12 @@ def test_it_tells_an_open_page_that_the_operation_moved_on(acme_unknown, operato
     assert 'id="status-watch"' in page.content.decode()
 
     def watch() -> str:
-        return client.get(f"/operations/{op.id}/", {"seen": seen},
-                          HTTP_HX_REQUEST="true").content.decode()
+        response = client.get(f"/operations/{op.id}/", {"seen": seen}, HTTP_HX_REQUEST="true")
+        # The same URL without htmx is the whole page: no cache may hand out one for the other.
+        assert "HX-Request" in response["Vary"]
+        return response.content.decode()
 
+    assert "HX-Request" in page["Vary"]
     quiet = watch()
     assert "<html" not in quiet and "This operation is now" not in quiet
     operation_dispute(operation_id=op.id, actor=operator, reason="customer disputes it")

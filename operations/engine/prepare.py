@@ -114,6 +114,16 @@ def operation_prepare(
                     f"{supersedes.id} is {supersedes.status}; only an intent that has not run, "
                     "or failed, can be superseded"
                 )
+            if supersedes.status == S.NOT_STARTED and supersedes.provider_calls:
+                # Back in not_started after a lookup proved absence, to be called again with
+                # its key: a call of it our client gave up on may still land. Cancelled here
+                # and replaced by an intent with another key, that call would be a second
+                # effect, under an operation that says it never ran.
+                raise IntentError(
+                    f"{supersedes.id} has made {supersedes.provider_calls} provider call(s) "
+                    "that may still land; it runs again with its own key, and can be "
+                    "superseded only once it has failed or been cancelled"
+                )
         operation_id = new_id("op")
         run_id = run.id if run else (supersedes.run_id if supersedes else "")
         requires = policy.requires_approval(payload)

@@ -1,0 +1,84 @@
+"""Closing an operation as never done (cancelled, or replaced by a new intent) while a call it
+made may still land at the provider, broken on purpose against the sandbox over real HTTP.
+
+A call our client gave up on (a timeout) may still be carried out: a lookup that comes back
+empty only lets the *same* call go again (the provider dedups it by key), never closes the
+operation or lets another one take its place, until nothing can land any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from operations import engine
+from operations.intents import IntentError
+from operations.models import Operation, OperationStatus
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.services import (
+    sandbox_fault_set,
+    sandbox_requests,
+    sandbox_writes,
+)
+from tests.helpers import wait_for
+from tests.operations.engine_helpers import authorized_payment
+
+S = OperationStatus
+
+
+@pytest.fixture
+def providers(sandbox, sandbox_worker_env) -> Iterator[dict[str, str]]:
+    yield sandbox_worker_env
+    # A slow request still running at the sandbox would land in the next test's database.
+    wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
+             timeout=15, what="every request to end at the sandbox")
+
+
+def payment_posts(op: Operation):
+    return sandbox_writes(provider="payments", operation_id=op.id)
+
+
+def given_up_then_proven_absent(op: Operation) -> Operation:
+    """The provider takes 4 s over the POST; our client gives up after 1 s, and the search
+    (no lag) finds nothing yet: absence proven, the same call may go again."""
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=4)
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+    assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again
+    op.refresh_from_db()
+    assert op.status == S.NOT_STARTED and op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 0  # not yet
+    return op
+
+
+def slow_post_landed(op: Operation) -> None:
+    wait_for(lambda: not payment_posts(op).filter(response_status__isnull=True).exists(),
+             timeout=15, what="the slow POST to end at the sandbox")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_to_supersede_an_intent_whose_given_up_call_may_still_land(
+    acme, approver, providers
+):
+    old = given_up_then_proven_absent(authorized_payment(acme, approver))
+    # The agent changes the amount: a new intent would replace this one, with its own
+    # operation id and key, while the first POST is still on its way.
+    with pytest.raises(IntentError, match="call"):
+        engine.operation_prepare(
+            tenant=acme, action="payments.create", supersedes=old,
+            payload={**old.payload, "amount_minor": old.payload["amount_minor"] + 100},
+        )
+    old.refresh_from_db()
+    assert old.status == S.NOT_STARTED and not hasattr(old, "superseded_by")
+    assert Operation.objects.count() == 1
+
+    # The old intent runs again with its own key; the late POST dedups against it.
+    assert engine.operation_execute(operation_id=old.id).outcome == "called"
+    slow_post_landed(old)
+    old.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert old.status == S.SUCCEEDED and old.external_id == intent.id
+    posts = list(payment_posts(old))
+    assert len(posts) == 2 and {p.idempotency_key for p in posts} == {old.idempotency_key}
+    assert PaymentIntent.objects.count() == 1

@@ -102,6 +102,10 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             op,
             to=S.CANCELLED,
             sources={S.NOT_STARTED},
+            # Never called: the read above may be older than another worker's call (which
+            # a lookup proved absent so far, and which may still land). Then this loses, and
+            # the next delivery confirms that no call landed before closing it.
+            extra=Q(provider_calls=0),
             evidence_kind=EvidenceKind.AUTHORIZATION,
             summary=f"not executed: {problem}",
             data={"problem": problem},

@@ -9,8 +9,10 @@ operation or lets another one take its place, until nothing can land any more.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from operations import engine
 from operations.intents import IntentError
@@ -82,3 +84,41 @@ def test_it_refuses_to_supersede_an_intent_whose_given_up_call_may_still_land(
     posts = list(payment_posts(old))
     assert len(posts) == 2 and {p.idempotency_key for p in posts} == {old.idempotency_key}
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_does_not_cancel_on_a_stale_read_after_another_worker_called(
+    acme, approver, providers, monkeypatch
+):
+    from operations.engine import execute as execute_module
+
+    op = authorized_payment(acme, approver)
+    runs_out_at = timezone.now() + timedelta(seconds=2)
+    Operation.objects.filter(id=op.id).update(authorization_expires_at=runs_out_at)
+    real_check = execute_module.authorization_problem
+    other: dict = {}
+
+    def another_worker_goes_first(op_):
+        # Worker A read not_started with no calls made. Before its check, worker B claims,
+        # calls (the provider is slow, B's client gives up), and a lookup proves absence
+        # for now; then the approval runs out.
+        if not other:
+            other["b"] = True
+            given_up_then_proven_absent(op)
+            wait_for(lambda: timezone.now() > runs_out_at, what="the approval to run out")
+        return real_check(op_)
+
+    monkeypatch.setattr(execute_module, "authorization_problem", another_worker_goes_first)
+    report = engine.operation_execute(operation_id=op.id, worker="A")
+    monkeypatch.setattr(execute_module, "authorization_problem", real_check)
+    op.refresh_from_db()
+    # A must not close as never done what B's call may still carry out.
+    assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED, report
+    assert engine.operation_execute(operation_id=op.id).outcome == "confirming_absence"
+
+    slow_post_landed(op)
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert len(payment_posts(op)) == 1 and op.provider_calls == 1

@@ -201,7 +201,13 @@ def _record_lookup(
         lands_by = unanswered_call_lands_by(
             op, late_landing=contract.late_landing if problem else None
         )
-        if lands_by is not None and lands_by > now:
+        if lands_by is not None and problem:
+            # And a call that lands at the end of that window shows in the provider's search
+            # only its lag later: the adapter measures the lag from the call, not from then.
+            lands_by += contract.search_lag
+        # Compared with when the lookup was sent, not when its answer came back: an empty
+        # answer says nothing about what landed while it was on its way.
+        if lands_by is not None and lands_by > attempt.started_at:
             _lookup_noted(
                 op, calls_before=calls_before,
                 summary="absent so far, but an earlier call may still land until "

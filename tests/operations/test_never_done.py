@@ -8,6 +8,7 @@ operation or lets another one take its place, until nothing can land any more.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -16,9 +17,10 @@ from django.utils import timezone
 
 from operations import engine
 from operations.intents import IntentError
-from operations.models import Operation, OperationStatus
+from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.services import (
+    sandbox_fault_clear,
     sandbox_fault_set,
     sandbox_requests,
     sandbox_writes,
@@ -122,3 +124,83 @@ def test_it_does_not_cancel_on_a_stale_read_after_another_worker_called(
     intent = PaymentIntent.objects.get()
     assert op.status == S.SUCCEEDED and op.external_id == intent.id
     assert len(payment_posts(op)) == 1 and op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_waits_out_the_search_lag_after_the_last_moment_a_call_could_land(
+    acme, approver, providers, settings
+):
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    engine.operation_execute(operation_id=op.id)
+    slow_post_landed(op)
+    intent = PaymentIntent.objects.get()
+    # As it is 65 s after our client gave up: the provider carried the POST out 50 s after
+    # that (inside the contract's 60 s late-landing window), and its search shows a payment
+    # only 60 s after it is made. The approval has run out meanwhile.
+    now = timezone.now()
+    gave_up = now - timedelta(seconds=65)
+    Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).update(
+        started_at=gave_up - timedelta(seconds=1), finished_at=gave_up)
+    PaymentIntent.objects.filter(id=intent.id).update(created_at=gave_up + timedelta(seconds=50))
+    Operation.objects.filter(id=op.id).update(authorization_expires_at=now - timedelta(minutes=1))
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    # The empty search proves nothing yet: not cancelled, looked at again once it can.
+    assert op.status == S.UNKNOWN and report.outcome == "inconclusive", report
+    assert op.next_reconcile_at >= gave_up + timedelta(seconds=120)
+
+    sandbox_fault_clear(provider="payments", kind="search_lag")  # the index caught up
+    time.sleep(0.1)
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_takes_an_empty_search_for_the_moment_it_was_sent_not_answered(
+    acme, approver, providers, settings, monkeypatch
+):
+    from operations.engine import core
+
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    engine.operation_execute(operation_id=op.id)
+    slow_post_landed(op)
+    intent = PaymentIntent.objects.get()
+    # The POST landed at the end of the late-landing window; the search shows it 60 s later,
+    # a second from now. The approval has run out.
+    now = timezone.now()
+    gave_up = now - timedelta(seconds=118.5)
+    Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).update(
+        started_at=gave_up - timedelta(seconds=1), finished_at=gave_up)
+    PaymentIntent.objects.filter(id=intent.id).update(
+        created_at=gave_up + timedelta(seconds=59.5))
+    Operation.objects.filter(id=op.id).update(authorization_expires_at=now - timedelta(minutes=1))
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    real = core.adapter(op.action)
+
+    class SlowAnswer:
+        contract = real.contract
+
+        def lookup(self, op_):
+            found = real.lookup(op_)  # searched now: the payment is not visible yet
+            time.sleep(2)  # the answer takes its time to come back
+            return found
+
+    monkeypatch.setattr(core, "adapter", lambda action: SlowAnswer())
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and report.outcome == "inconclusive", report
+    assert op.next_reconcile_at is not None
+
+    monkeypatch.setattr(core, "adapter", lambda action: real)
+    engine.operation_reconcile(operation_id=op.id)  # the search has caught up
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1

@@ -115,6 +115,10 @@ class ResolveForm(ReasonForm):
         widget=forms.TextInput(attrs={"hx-preserve": "true"}),
     )
 
+    # When the status the page showed was set: the resolution applies to that status only,
+    # never to one the engine moved the operation to after the person looked.
+    seen = forms.DateTimeField(required=False, widget=forms.HiddenInput)
+
     field_order = ["outcome", "evidence", "provider_reference", "reason"]
 
     def clean_evidence(self) -> str:

@@ -105,7 +105,8 @@ def _panel_context(
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
         "can_dispute": can_operate and dispute_applies(op),
         "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
-        "resolve_form": forms.get("resolve") or ResolveForm(prefix="resolve"),
+        "resolve_form": forms.get("resolve")
+        or ResolveForm(prefix="resolve", initial={"seen": op.status_changed_at}),
         "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),
         "notice": notice,
         "notice_level": notice_level,
@@ -247,6 +248,7 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
             evidence_text=data["evidence"],
             reason=data["reason"],
             provider_reference=data["provider_reference"].strip(),
+            seen_status_changed_at=data.get("seen"),
         )
         return f"Resolved as {op.status}."
 

@@ -58,10 +58,14 @@ def operation_resolve(
     evidence_text: str,
     reason: str,
     provider_reference: str = "",
+    seen_status_changed_at: datetime | None = None,
 ) -> Operation:
     """An operator settles an unknown (or disputed) operation by what they verified. A
     provider reference is first confirmed at the provider: it must name this operation's
-    effect, in a state that agrees with the outcome."""
+    effect, in a state that agrees with the outcome.
+
+    `seen_status_changed_at`: when the status the person looked at was set (the page says);
+    refused if the operation has moved on since, say to accepted by a call made after."""
     if outcome not in (S.SUCCEEDED, S.FAILED):
         raise TransitionRefused("resolve as succeeded or failed")
     reference = provider_reference.strip()
@@ -74,6 +78,8 @@ def operation_resolve(
     if op.status not in sources:
         # Said before asking the provider: its answer could not change this.
         raise _unresolvable(op, outcome)
+    if seen_status_changed_at is not None and op.status_changed_at != seen_status_changed_at:
+        raise _moved_on(op)
     verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
     fields: dict[str, Any] = {"resolved_manually": True}
     if outcome == S.FAILED:
@@ -103,9 +109,13 @@ def operation_resolve(
             fields=fields,
             audit_action=f"operation.resolve_{outcome}",
             reason=reason,
+            extra=Q(status_changed_at=seen_status_changed_at)
+            if seen_status_changed_at is not None else None,
         )
         if not won:
             op.refresh_from_db()
+            if op.status in sources:
+                raise _moved_on(op)
             raise _unresolvable(op, outcome)
     op.refresh_from_db()
     return op
@@ -113,6 +123,13 @@ def operation_resolve(
 
 def _unresolvable(op: Operation, outcome: str) -> TransitionRefused:
     return TransitionRefused(f"{op.id} is {op.status}; it cannot be resolved as {outcome}")
+
+
+def _moved_on(op: Operation) -> TransitionRefused:
+    return TransitionRefused(
+        f"{op.id} is now {op.status} (since {op.status_changed_at:%H:%M:%S} UTC), not what the "
+        "page showed; reload and check again before resolving"
+    )
 
 
 def _reference_verify(op: Operation, *, reference: str, outcome: str) -> _Verified:

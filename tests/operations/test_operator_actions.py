@@ -732,3 +732,59 @@ def test_it_holds_a_provider_event_that_contradicts_a_person_for_review(
     assert dashboard_metrics(operator)["held_for_review"] == 0
     assert "The provider disagrees" not in client.get(f"/operations/{op.id}/").content.decode()
     assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
+
+
+# --- a person's decision applies to what they saw, never to what the engine did since ------
+
+
+def _page_hidden_fields(client, op: Operation) -> dict[str, str]:
+    """What the page's resolve form sends along unseen, as a browser would."""
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    return dict(re.findall(r'<input type="hidden" name="(resolve-[^"]+)" value="([^"]*)"', page))
+
+
+@pytest.mark.django_db
+def test_it_resolves_the_status_the_page_showed(acme_unknown, operator):
+    op = acme_unknown
+    client = signed_in(operator)
+    form = _page_hidden_fields(client, op)
+    assert set(form) == {"resolve-seen"}
+    client.post(f"/operations/{op.id}/resolve", {**form, **TEXT_ONLY})
+    op.refresh_from_db()
+    assert op.status == "succeeded" and op.resolved_manually
+    assert _audits(op, "operation.resolve_succeeded") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_resolution_of_a_status_the_operator_never_saw(
+    acme, approver, operator, sandbox
+):
+    from operations import engine
+    from operations.sandbox.models import PaymentIntent
+    from tests.operations.engine_helpers import authorized_payment
+
+    # Large enough that the sandbox leaves the payment processing: accepted, not final.
+    op = authorized_payment(acme, approver, amount_minor=150_000_000)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)  # nothing written
+    engine.operation_execute(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == "unknown"
+    client = signed_in(operator)
+    form = _page_hidden_fields(client, op)
+
+    # While the operator checks with the bank (nothing there), the sweep's lookup proves
+    # absence and the call goes again: the provider now holds a processing payment.
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again
+    assert engine.operation_execute(operation_id=op.id).status == "accepted"
+    body = client.post(f"/operations/{op.id}/resolve", {
+        **form, **TEXT_ONLY, "resolve-outcome": "failed",
+        "resolve-evidence": "the bank shows no such payment",
+    }, HTTP_HX_REQUEST="true").content.decode()
+
+    op.refresh_from_db()
+    assert "Resolve refused" in body and "reload" in body.lower()
+    assert op.status == "accepted" and not op.resolved_manually and op.error_code == ""
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert _audits(op, "operation.resolve_failed") == 0
+    intent = PaymentIntent.objects.get()
+    assert intent.status == "processing" and op.external_id == intent.id
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 2

@@ -34,7 +34,7 @@ def reconcile_operation(operation_id: str) -> str:
     report = engine.operation_reconcile(operation_id=operation_id)
     if report.may_call_again:
         # Proven absent: the execute path claims it afresh and calls with the same key.
-        execute_operation.delay(operation_id)
+        execute_on_commit(operation_id)
     return report.outcome
 
 
@@ -44,10 +44,10 @@ def sweep_operations() -> int:
     should be running but were never claimed get their execute again."""
     ids = engine.operations_claim_due_for_reconcile()
     for operation_id in ids:
-        reconcile_operation.delay(operation_id)
+        reconcile_on_commit(operation_id)
     waiting = engine.operations_claim_waiting_for_execute()
     for operation_id in waiting:
-        execute_operation.delay(operation_id)
+        execute_on_commit(operation_id)
     return len(ids) + len(waiting)
 
 
@@ -56,3 +56,9 @@ def execute_on_commit(operation_id: str) -> None:
     broker that is down then must not turn a committed approval into an error page; the
     failure is logged and the sweep queues the execute at its recheck time."""
     transaction.on_commit(lambda: execute_operation.delay(operation_id), robust=True)
+
+
+def reconcile_on_commit(operation_id: str) -> None:
+    """Enqueue a reconcile once the transaction that claimed it has committed; robust for
+    the same reason as execute_on_commit (the claim runs out and the sweep queues it again)."""
+    transaction.on_commit(lambda: reconcile_operation.delay(operation_id), robust=True)

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Q
@@ -80,14 +81,14 @@ def worker_name() -> str:
     return name
 
 
-def execute_recheck_at(now):
+def execute_recheck_at(now: datetime) -> datetime:
     """When an operation that should be running (approved, or proven absent and free to be
     called again) is queued again if no worker has claimed it: its execute message may have
     been lost (the broker down at the moment of approval, a worker gone mid-delivery)."""
     return now + timedelta(seconds=settings.EXECUTE_RECHECK_SECONDS)
 
 
-def accepted_recheck_at(now):
+def accepted_recheck_at(now: datetime) -> datetime:
     """When an accepted operation (the provider's final answer still pending) is looked up
     next, if no webhook settles it first."""
     return now + timedelta(seconds=settings.ACCEPTED_RECONCILE_SECONDS)
@@ -200,7 +201,7 @@ def transition(
     data: dict[str, Any] | None = None,
     extra: Q | None = None,
     fields: dict[str, Any] | None = None,
-    actor=None,
+    actor: AbstractUser | None = None,
     manual: bool = False,
     audit_action: str = "",
     reason: str = "",
@@ -345,6 +346,6 @@ def person_text_check(**texts: str) -> None:
             raise TransitionRefused(f"{name}: looks like {problem}")
 
 
-def require_perm(actor, perm: str, op: Operation) -> None:
+def require_perm(actor: AbstractUser | None, perm: str, op: Operation) -> None:
     if actor is None or not actor.has_perm(f"operations.{perm}", op.tenant):
         raise PermissionDenied(f"{perm} on {op.tenant.slug} is required")

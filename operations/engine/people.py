@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import AbstractUser
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -53,7 +54,7 @@ class _Verified:
 def operation_resolve(
     *,
     operation_id: str,
-    actor,
+    actor: AbstractUser,
     outcome: str,
     evidence_text: str,
     reason: str,
@@ -209,7 +210,7 @@ def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
     )
 
 
-def operation_dispute(*, operation_id: str, actor, reason: str) -> Operation:
+def operation_dispute(*, operation_id: str, actor: AbstractUser, reason: str) -> Operation:
     """Put an operation on hold: no webhook or lookup moves it until a person resolves it."""
     if not reason.strip():
         raise TransitionRefused("a reason is required")
@@ -239,7 +240,9 @@ def operation_dispute(*, operation_id: str, actor, reason: str) -> Operation:
     return op
 
 
-def operation_cancel(*, operation_id: str, actor, reason: str) -> bool:
+def operation_cancel(
+    *, operation_id: str, actor: AbstractUser | None, reason: str
+) -> bool:
     """Cancel an intent that never ran (a rejected or superseded approval)."""
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     return transition(

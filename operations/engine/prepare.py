@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import AbstractUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -42,7 +44,7 @@ def operation_prepare(
     checkpoint: Checkpoint | None = None,
     command_id: str = "",
     supersedes: Operation | None = None,
-    actor=None,
+    actor: AbstractUser | None = None,
 ) -> Operation:
     """Record the canonical intent before anything is called. Validates; never calls out.
 
@@ -200,8 +202,8 @@ def operation_authorize(
     operation_id: str,
     approved_hash: str,
     policy_version: str,
-    approved_by,
-    expires_at,
+    approved_by: AbstractUser,
+    expires_at: datetime,
     reason: str = "",
 ) -> Operation:
     """Record that a person approved exactly this intent (hash) until `expires_at`."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractUser
 from django.db import transaction
 from django.db.models import (
     DateTimeField,
@@ -82,7 +83,9 @@ def _expire_lease(op: Operation) -> None:
     )
 
 
-def operation_reconcile(*, operation_id: str, actor=None, reason: str = "") -> ReconcileReport:
+def operation_reconcile(
+    *, operation_id: str, actor: AbstractUser | None = None, reason: str = ""
+) -> ReconcileReport:
     """Ask the provider what really happened and move the journal toward that fact.
 
     Reads only: never creates anything at the provider. Proven absence returns the operation
@@ -150,7 +153,7 @@ def _record_lookup(
     found: LookupResult,
     *,
     adapter: ProviderAdapter,
-    actor,
+    actor: AbstractUser | None,
     calls_before: int,
 ) -> ReconcileReport:
     now = timezone.now()
@@ -310,8 +313,8 @@ def _record_lookup(
 
 
 def _lookup_noted(
-    op: Operation, *, calls_before: int, summary: str, data: dict[str, Any], actor,
-    next_reconcile_at: Any,
+    op: Operation, *, calls_before: int, summary: str, data: dict[str, Any],
+    actor: AbstractUser | None, next_reconcile_at: datetime | None,
 ) -> None:
     """A lookup that leaves the status where it is: its evidence, and when to look again,
     in one transaction. The schedule only while the status is still the one looked up and
@@ -326,7 +329,7 @@ def _lookup_noted(
         )
 
 
-def _due(now) -> tuple[QuerySet[Operation], QuerySet[Operation]]:
+def _due(now: datetime) -> tuple[QuerySet[Operation], QuerySet[Operation]]:
     """(expired leases, unknowns and accepteds whose next check is due), oldest first; each
     a range of its partial index."""
     expired = Operation.objects.filter(status=S.IN_PROGRESS, lease_expires_at__lte=now).order_by(

@@ -21,9 +21,10 @@ from operations.models import (
     Operation,
     WebhookEvent,
 )
+from operations.providers.base import WebhookFacts
 
 
-def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
+def webhook_apply(*, provider: str, facts: WebhookFacts) -> tuple[str, str]:
     """Store a verified provider event once and apply it only as an allowed transition.
 
     Returns (result, message): result is "duplicate", "applied", "ignored", "held" (for a
@@ -67,7 +68,7 @@ def webhook_apply(*, provider: str, facts) -> tuple[str, str]:
         return result, message
 
 
-def _webhook_operation(*, provider: str, facts) -> tuple[Operation | None, str]:
+def _webhook_operation(*, provider: str, facts: WebhookFacts) -> tuple[Operation | None, str]:
     """The one operation of this provider the event is about, or why there is none."""
     actions = [a for a in Action.values if core.adapter(a).contract.provider == provider]
     ours = Operation.objects.select_related("tenant").filter(action__in=actions)
@@ -86,7 +87,7 @@ def _webhook_operation(*, provider: str, facts) -> tuple[Operation | None, str]:
     return None, "no matching operation"
 
 
-def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
+def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str]:
     target = LOOKUP_STATUS.get(facts.status) if facts.status else None
     data = {
         "event_id": facts.event_id,
@@ -145,7 +146,9 @@ def _webhook_transition(op: Operation, *, facts) -> tuple[str, str]:
     return "ignored", message
 
 
-def _webhook_evidence(op: Operation, *, facts, data: dict[str, Any], message: str) -> None:
+def _webhook_evidence(
+    op: Operation, *, facts: WebhookFacts, data: dict[str, Any], message: str
+) -> None:
     """An event that moved nothing, kept on the operation's timeline."""
     Evidence.objects.create(
         operation=op,

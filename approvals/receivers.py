@@ -26,12 +26,10 @@ def on_operation_related_pages(
 ) -> list[RelatedPage]:
     # The operation's page names who approved; the approval's page keeps the rest (the
     # comment, the diff against the intent it replaced), newest request first.
-    from approvals.models import Approval
+    from approvals.selectors import approvals_of_operation
 
     pages = []
-    for approval in (
-        Approval.objects.filter(operation=operation).select_related("decided_by").order_by("-id")
-    ):
+    for approval in approvals_of_operation(operation.id):
         note = approval.get_status_display().lower()
         if approval.decided_by:
             note += f" by {approval.decided_by.username}"

@@ -33,6 +33,16 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     return approval
 
 
+def approvals_of_operation(operation_id: str) -> list[Approval]:
+    """Every request for one intent, newest first. For a caller that has already checked
+    the user may see the operation (approval_for_user, operation_for_user)."""
+    return list(
+        Approval.objects.filter(operation_id=operation_id)
+        .select_related("decided_by")
+        .order_by("-id")
+    )
+
+
 @dataclass(frozen=True)
 class QueueFilters:
     tenant: str = ""

@@ -17,6 +17,7 @@ from approvals.selectors import (
     approval_counts,
     approval_for_user,
     approvals_for_user,
+    approvals_of_operation,
     approvals_queue_page,
 )
 from approvals.services import ApprovalRefused, approval_approve, approval_reject
@@ -109,10 +110,7 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     card["may_unmask"] = may_unmask
     history = []
     if approval.operation.supersedes_id:
-        history = list(
-            Approval.objects.filter(operation_id=approval.operation.supersedes_id)
-            .select_related("decided_by").order_by("-id")
-        )
+        history = approvals_of_operation(approval.operation.supersedes_id)
     context = {"card": card, "history": history, "here": request.get_full_path()}
     template = "approvals/queue.html#card" if request.htmx else "approvals/detail.html"
     return unmasked_never_cached(render(request, template, context), unmasked=unmasked)

@@ -252,6 +252,11 @@ def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
     return op
 
 
+def operation_superseded_by(op: Operation) -> Operation | None:
+    """The intent that replaced this one, if any (same tenant: prepare keeps it)."""
+    return Operation.objects.filter(supersedes_id=op.id).only("id").first()
+
+
 def related_pages_for_user(user, op: Operation) -> list[RelatedPage]:
     """Pages other apps keep about the operation (its approvals), for a user who may see
     it: operation_for_user has already checked that."""

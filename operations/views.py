@@ -29,6 +29,7 @@ from operations.models import Operation, OperationStatus
 from operations.selectors import (
     keyset_page,
     operation_for_user,
+    operation_superseded_by,
     operation_timeline,
     operations_journal,
     operations_unknown_count,
@@ -144,7 +145,7 @@ def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **pane
         **_panel_context(request, op, **panel),
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
-        "superseded_by": Operation.objects.filter(supersedes_id=op.id).only("id").first(),
+        "superseded_by": operation_superseded_by(op),
         "related_pages": related_pages_for_user(request.user, op),
     }
 

@@ -124,6 +124,22 @@ def fault_seconds(fault: SandboxFault) -> float:
 # --- the request log ----------------------------------------------------------------------
 
 
+def sandbox_request_log(
+    *, provider: str, method: str, path: str, idempotency_key: str, operation_id: str,
+    params_hash: str, request_id: str,
+) -> SandboxRequest:
+    """Logged before the work, so a request whose answer is dropped is counted too."""
+    return SandboxRequest.objects.create(
+        provider=provider, method=method[:10], path=path[:300],
+        idempotency_key=idempotency_key[:255], operation_id=operation_id[:120],
+        params_hash=params_hash, request_id=request_id,
+    )
+
+
+def sandbox_request_answered(*, request: SandboxRequest, status: int) -> None:
+    SandboxRequest.objects.filter(pk=request.pk).update(response_status=status)
+
+
 def sandbox_requests(
     *,
     provider: str | None = None,

@@ -28,7 +28,6 @@ from operations.sandbox.models import (
     Message,
     PaymentIntent,
     Provider,
-    SandboxRequest,
     request_id,
 )
 
@@ -158,16 +157,14 @@ def endpoint(provider: str) -> Callable[[View], View]:
             # Computed once: the log, the idempotency claim and the key-reuse check use it.
             request.params_fingerprint = request_fingerprint(params) if params is not None else ""
             rid = request_id()
-            # Logged before the work, so a request whose answer is dropped is counted too.
-            log = SandboxRequest.objects.create(
-                provider=provider, method=(request.method or "")[:10], path=request.path[:300],
-                idempotency_key=request.headers.get("Idempotency-Key", "")[:255],
-                operation_id=operation_id[:120],
-                params_hash=request.params_fingerprint,
+            log = services.sandbox_request_log(
+                provider=provider, method=request.method or "", path=request.path,
+                idempotency_key=request.headers.get("Idempotency-Key", ""),
+                operation_id=operation_id, params_hash=request.params_fingerprint,
                 request_id=rid,
             )
             response = _answer(request, provider, view, params, operation_id, kwargs)
-            SandboxRequest.objects.filter(pk=log.pk).update(response_status=response.status_code)
+            services.sandbox_request_answered(request=log, status=response.status_code)
             response["Request-Id"] = rid
             return response
 

@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 from console.env import EMBEDDED_STATE, VAR_DIR
+from console.env import embedded_state as _read_state
 
 PG_DIR = VAR_DIR / "pg"
 REDIS_DIR = VAR_DIR / "redis"
@@ -53,13 +54,6 @@ def _redis_socket() -> Path:
 
 def _redis_pidfile() -> Path:
     return REDIS_DIR / "redis.pid"
-
-
-def _read_state() -> dict[str, str]:
-    try:
-        return json.loads(EMBEDDED_STATE.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def _write_state(state: dict[str, str]) -> None:

@@ -82,7 +82,8 @@ def local_web_port(environ: Mapping[str, str]) -> str:
     return port
 
 
-def _embedded_state() -> dict[str, str]:
+def embedded_state() -> dict[str, str]:
+    """What `python -m console.embedded up` recorded: the servers' URLs, or nothing."""
     try:
         return json.loads(EMBEDDED_STATE.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -92,7 +93,7 @@ def _embedded_state() -> dict[str, str]:
 def _database_url(environ: Mapping[str, str]) -> tuple[str, bool]:
     raw = environ.get("DATABASE_URL", "").strip()
     if not raw:
-        url = _embedded_state().get("database_url")
+        url = embedded_state().get("database_url")
         if not url:
             raise ConfigError(
                 "DATABASE_URL is not set and the embedded PostgreSQL is not running; "
@@ -117,7 +118,7 @@ def _database_url(environ: Mapping[str, str]) -> tuple[str, bool]:
 def _redis_url(environ: Mapping[str, str]) -> tuple[str, bool]:
     raw = environ.get("REDIS_URL", "").strip()
     if not raw:
-        url = _embedded_state().get("redis_url")
+        url = embedded_state().get("redis_url")
         if not url:
             raise ConfigError(
                 "REDIS_URL is not set and the embedded Redis is not running; "

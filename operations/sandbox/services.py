@@ -1,4 +1,4 @@
-"""Sandbox writes and test-facing queries: faults, objects, webhooks, the request log."""
+"""Sandbox writes: faults, objects, webhooks, the request log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from operations.ids import new_id
@@ -27,6 +27,7 @@ from operations.sandbox.models import (
     SandboxRequest,
     SandboxWebhook,
 )
+from operations.sandbox.selectors import sandbox_faults_matching
 
 # A claim this old whose request never finished belongs to a dead process: take it over,
 # or the key would answer 409 forever.
@@ -79,41 +80,19 @@ def sandbox_fault_clear(
     return deleted
 
 
-def _fault_candidates(
-    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str]
-) -> QuerySet[SandboxFault]:
-    ids = [op for op in operation_ids if op]
-    return SandboxFault.objects.filter(
-        Q(match="*") | Q(match__in=ids), provider=provider, kind__in=list(kinds), remaining__gt=0
-    ).order_by("id")
-
-
 def sandbox_fault_take(
     *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str] = ()
 ) -> SandboxFault | None:
     """Consume one matching fault; a conditional UPDATE, so two requests never share one."""
-    candidates = list(
-        _fault_candidates(provider=provider, kinds=kinds, operation_ids=operation_ids)
-    )
-    # A fault aimed at this operation wins over a blanket one.
-    candidates.sort(key=lambda fault: (fault.match == "*", fault.id))
-    for fault in candidates:
+    for fault in sandbox_faults_matching(
+        provider=provider, kinds=kinds, operation_ids=operation_ids
+    ):
         taken = SandboxFault.objects.filter(pk=fault.pk, remaining__gt=0).update(
             remaining=F("remaining") - 1
         )
         if taken:
             return fault
     return None
-
-
-def sandbox_fault_active(
-    *, provider: str, kind: str, operation_ids: Iterable[str] = ()
-) -> SandboxFault | None:
-    candidates = list(
-        _fault_candidates(provider=provider, kinds=[kind], operation_ids=operation_ids)
-    )
-    candidates.sort(key=lambda fault: (fault.match == "*", fault.id))
-    return candidates[0] if candidates else None
 
 
 def fault_seconds(fault: SandboxFault) -> float:
@@ -138,46 +117,6 @@ def sandbox_request_log(
 
 def sandbox_request_answered(*, request: SandboxRequest, status: int) -> None:
     SandboxRequest.objects.filter(pk=request.pk).update(response_status=status)
-
-
-def sandbox_requests(
-    *,
-    provider: str | None = None,
-    method: str | None = None,
-    path_endswith: str | None = None,
-    idempotency_key: str | None = None,
-    operation_id: str | None = None,
-) -> QuerySet[SandboxRequest]:
-    requests = SandboxRequest.objects.all()
-    if provider:
-        requests = requests.filter(provider=provider)
-    if method:
-        requests = requests.filter(method=method.upper())
-    if path_endswith:
-        requests = requests.filter(path__endswith=path_endswith)
-    if idempotency_key is not None:
-        requests = requests.filter(idempotency_key=idempotency_key)
-    if operation_id is not None:
-        requests = requests.filter(operation_id=operation_id)
-    return requests
-
-
-def sandbox_writes(*, provider: str, operation_id: str | None = None) -> QuerySet[SandboxRequest]:
-    """The requests that could have made an effect (POST and PATCH)."""
-    return sandbox_requests(provider=provider, operation_id=operation_id).filter(
-        method__in=["POST", "PATCH"]
-    )
-
-
-def sandbox_counts() -> dict[str, int]:
-    return {
-        "payment_intents": PaymentIntent.objects.count(),
-        "deals": Deal.objects.count(),
-        "messages": Message.objects.count(),
-        "webhooks": SandboxWebhook.objects.count(),
-        "webhooks_undelivered": SandboxWebhook.objects.filter(delivered_at__isnull=True).count(),
-        "requests": SandboxRequest.objects.count(),
-    }
 
 
 # --- JSON forms, as the providers' APIs show them -----------------------------------------
@@ -440,18 +379,6 @@ def sandbox_settle_due(*, older_than: timedelta) -> dict[str, int]:
             Message.objects, "queued", lambda pk: sandbox_message_deliver(message_id=pk)
         ),
     }
-
-
-def sandbox_payment_search(
-    *, field: str, value: str, lag_seconds: float = 0
-) -> list[PaymentIntent]:
-    intents = PaymentIntent.objects.filter(metadata__contains={field: value})
-    if lag_seconds:
-        # What Stripe's search index has not caught up with yet is invisible to search.
-        intents = intents.filter(
-            created_at__lte=timezone.now() - timedelta(seconds=lag_seconds)
-        )
-    return list(intents[:100])
 
 
 # --- CRM ----------------------------------------------------------------------------------

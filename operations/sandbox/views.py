@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
 from operations.providers.signing import digests_equal
-from operations.sandbox import services
+from operations.sandbox import selectors, services
 from operations.sandbox.models import (
     Deal,
     FaultKind,
@@ -249,11 +249,11 @@ def payment_intents_search(request: HttpRequest, params: Params) -> HttpResponse
     if not match:
         return invalid("Only metadata['field']:'value' queries are supported", param="query")
     field, value = match.groups()
-    lag = services.sandbox_fault_active(
+    lag = selectors.sandbox_fault_active(
         provider=Provider.PAYMENTS, kind=FaultKind.SEARCH_LAG,
         operation_ids=[value] if field == "operation_id" else [],
     )
-    intents = services.sandbox_payment_search(
+    intents = selectors.sandbox_payment_search(
         field=field, value=value, lag_seconds=float(lag.params.get("seconds", 60)) if lag else 0
     )
     return JsonResponse({

@@ -84,7 +84,7 @@ def _sign_in(page, live_server, username: str) -> None:
 def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     live_server, worker_pool, acme, approver, prepare_payment, page
 ):
-    from operations.sandbox.services import sandbox_counts
+    from operations.sandbox.selectors import sandbox_counts
 
     worker_pool.start(
         extra_env={"PAYMENTS_API_BASE": f"{live_server.url}/sandbox/payments"}

@@ -19,7 +19,8 @@ from django.utils import timezone
 from operations import engine
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus, WebhookEvent
 from operations.sandbox.models import Deal, PaymentIntent
-from operations.sandbox.services import sandbox_counts, sandbox_fault_set, sandbox_writes
+from operations.sandbox.selectors import sandbox_counts, sandbox_writes
+from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
 from tests.helpers import Background, wait_for
 from tests.operations.engine_helpers import async_payment, authorized_payment
@@ -588,7 +589,7 @@ def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
 
 @pytest.mark.django_db
 def test_it_answers_400_not_500_to_a_signature_header_that_is_not_ascii(client):
-    from operations.sandbox.services import sandbox_requests
+    from operations.sandbox.selectors import sandbox_requests
 
     body = b'{"id": "evt_x", "type": "payment_intent.succeeded", "data": {"object": {}}}'
     for provider, header in (("payments", {"HTTP_STRIPE_SIGNATURE": "t=1,v1=\xff"}),

@@ -19,12 +19,8 @@ from operations import engine
 from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
-from operations.sandbox.services import (
-    sandbox_fault_clear,
-    sandbox_fault_set,
-    sandbox_requests,
-    sandbox_writes,
-)
+from operations.sandbox.selectors import sandbox_requests, sandbox_writes
+from operations.sandbox.services import sandbox_fault_clear, sandbox_fault_set
 from tests.helpers import wait_for
 from tests.operations.engine_helpers import authorized_payment
 

@@ -22,16 +22,18 @@ from operations.models import (
     Operation,
     WebhookEvent,
 )
-from operations.sandbox.services import (
+from operations.sandbox.selectors import (
     sandbox_counts,
+    sandbox_requests,
+    sandbox_writes,
+)
+from operations.sandbox.services import (
     sandbox_deal_create,
     sandbox_fault_set,
     sandbox_message_create,
     sandbox_message_deliver,
     sandbox_payment_create,
     sandbox_payment_settle,
-    sandbox_requests,
-    sandbox_writes,
 )
 from tests.helpers import signed_in
 from tests.operations.engine_helpers import make_unknown, prepared_payment

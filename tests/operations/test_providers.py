@@ -18,10 +18,12 @@ from operations.providers.base import (
 )
 from operations.providers.signing import hmac_signature_header, stripe_signature_header
 from operations.sandbox.models import Deal, Message, PaymentIntent
+from operations.sandbox.selectors import (
+    sandbox_writes,
+)
 from operations.sandbox.services import (
     sandbox_fault_set,
     sandbox_message_deliver,
-    sandbox_writes,
 )
 from tests.operations.providers_support import payment, snapshot
 

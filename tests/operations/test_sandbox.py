@@ -14,13 +14,15 @@ from django.utils import timezone
 from operations.providers import adapter_for, webhook_verifier_for
 from operations.providers.base import CallOutcome, request_fingerprint
 from operations.sandbox.models import IdempotencyRecord, PaymentIntent, SandboxFault
+from operations.sandbox.selectors import (
+    sandbox_counts,
+    sandbox_requests,
+)
 from operations.sandbox.services import (
     SandboxStateError,
-    sandbox_counts,
     sandbox_fault_clear,
     sandbox_fault_set,
     sandbox_payment_settle,
-    sandbox_requests,
     sandbox_webhooks_deliver,
 )
 from tests.operations.providers_support import payment, snapshot

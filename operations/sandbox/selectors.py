@@ -1,0 +1,89 @@
+"""Sandbox reads: the faults that apply to a request, the request log (for tests), search."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from operations.sandbox.models import (
+    Deal,
+    Message,
+    PaymentIntent,
+    SandboxFault,
+    SandboxRequest,
+    SandboxWebhook,
+)
+
+
+def sandbox_faults_matching(
+    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str]
+) -> list[SandboxFault]:
+    """The faults left for this request; one aimed at its operation before a blanket one."""
+    ids = [op for op in operation_ids if op]
+    faults = list(SandboxFault.objects.filter(
+        Q(match="*") | Q(match__in=ids), provider=provider, kind__in=list(kinds), remaining__gt=0
+    ).order_by("id"))
+    faults.sort(key=lambda fault: (fault.match == "*", fault.id))
+    return faults
+
+
+def sandbox_fault_active(
+    *, provider: str, kind: str, operation_ids: Iterable[str] = ()
+) -> SandboxFault | None:
+    faults = sandbox_faults_matching(provider=provider, kinds=[kind], operation_ids=operation_ids)
+    return faults[0] if faults else None
+
+
+def sandbox_requests(
+    *,
+    provider: str | None = None,
+    method: str | None = None,
+    path_endswith: str | None = None,
+    idempotency_key: str | None = None,
+    operation_id: str | None = None,
+) -> QuerySet[SandboxRequest]:
+    requests = SandboxRequest.objects.all()
+    if provider:
+        requests = requests.filter(provider=provider)
+    if method:
+        requests = requests.filter(method=method.upper())
+    if path_endswith:
+        requests = requests.filter(path__endswith=path_endswith)
+    if idempotency_key is not None:
+        requests = requests.filter(idempotency_key=idempotency_key)
+    if operation_id is not None:
+        requests = requests.filter(operation_id=operation_id)
+    return requests
+
+
+def sandbox_writes(*, provider: str, operation_id: str | None = None) -> QuerySet[SandboxRequest]:
+    """The requests that could have made an effect (POST and PATCH)."""
+    return sandbox_requests(provider=provider, operation_id=operation_id).filter(
+        method__in=["POST", "PATCH"]
+    )
+
+
+def sandbox_counts() -> dict[str, int]:
+    return {
+        "payment_intents": PaymentIntent.objects.count(),
+        "deals": Deal.objects.count(),
+        "messages": Message.objects.count(),
+        "webhooks": SandboxWebhook.objects.count(),
+        "webhooks_undelivered": SandboxWebhook.objects.filter(delivered_at__isnull=True).count(),
+        "requests": SandboxRequest.objects.count(),
+    }
+
+
+def sandbox_payment_search(
+    *, field: str, value: str, lag_seconds: float = 0
+) -> list[PaymentIntent]:
+    intents = PaymentIntent.objects.filter(metadata__contains={field: value})
+    if lag_seconds:
+        # What Stripe's search index has not caught up with yet is invisible to search.
+        intents = intents.filter(
+            created_at__lte=timezone.now() - timedelta(seconds=lag_seconds)
+        )
+    return list(intents[:100])

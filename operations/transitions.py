@@ -32,9 +32,6 @@ MANUAL: dict[str, frozenset[str]] = {
     S.CANCELLED: frozenset(),
 }
 
-FINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
-
-
 def sources(target: str, *, manual: bool = False) -> frozenset[str]:
     """Every status from which `target` may be reached."""
     table = MANUAL if manual else AUTOMATIC

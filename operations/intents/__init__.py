@@ -1,0 +1,57 @@
+"""The canonical intent: validation, canonical JSON + hash, masking and diffs for people.
+
+An intent is what a person approves. It is validated strictly (a missing, extra or wrongly
+typed field is refused), it must never carry a card number or a secret (so none reaches the
+journal), and its hash is taken over RFC 8785 canonical JSON so the same intent always hashes
+the same, whatever key order or whitespace it arrived with.
+"""
+
+from __future__ import annotations
+
+from operations.intents.display import (
+    DiffRow,
+    IntentRow,
+    intent_diff,
+    intent_rows,
+    intent_summary,
+    major_units,
+    mask_digits,
+    mask_email,
+    mask_inline,
+    mask_text,
+    money_format,
+)
+from operations.intents.validation import (
+    DEAL_PATCH_FIELDS,
+    MAX_INTENT_BYTES,
+    SCHEMAS,
+    Field,
+    IntentError,
+    idempotency_key_for,
+    intent_canonical,
+    intent_validate,
+    secret_in_text,
+)
+
+__all__ = [
+    "DEAL_PATCH_FIELDS",
+    "MAX_INTENT_BYTES",
+    "SCHEMAS",
+    "DiffRow",
+    "Field",
+    "IntentError",
+    "IntentRow",
+    "idempotency_key_for",
+    "intent_canonical",
+    "intent_diff",
+    "intent_rows",
+    "intent_summary",
+    "intent_validate",
+    "major_units",
+    "mask_digits",
+    "mask_email",
+    "mask_inline",
+    "mask_text",
+    "money_format",
+    "secret_in_text",
+]

@@ -1,0 +1,282 @@
+"""What a person sees of an intent: money in its units, masked values, rows, a summary, a diff."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from operations.intents.validation import (
+    CURRENCY_CODE,
+    EMAIL_ADDRESS,
+    NUMBER_SEPARATORS,
+    SCHEMAS,
+    TYPED_NUMBERS,
+)
+from operations.models import Action
+
+# An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
+# digits there (an account or phone number): masked where they stand.
+_EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[A-Za-z]{2,}")
+_EMBEDDED_DIGITS = re.compile(rf"\d(?:[\d{NUMBER_SEPARATORS}]*\d)?")
+
+# Minor-unit exponents (ISO 4217) for the currencies that are not 2.
+_EXPONENT = {
+    "JPY": 0,
+    "KRW": 0,
+    "VND": 0,
+    "CLP": 0,
+    "ISK": 0,
+    "BHD": 3,
+    "KWD": 3,
+    "OMR": 3,
+    "JOD": 3,
+    "TND": 3,
+}
+
+
+def major_units(amount_minor: int, currency: str) -> Decimal:
+    """An amount in the currency's own units (ISO 4217 exponent): 1250000 KZT → 12500."""
+    return Decimal(amount_minor).scaleb(-_EXPONENT.get(currency.upper(), 2))
+
+
+def money_format(amount_minor: int, currency: str) -> str:
+    return f"{major_units(amount_minor, currency):,f} {currency}"
+
+
+def mask_email(value: str) -> str:
+    local, _, domain = value.partition("@")
+    if not domain:
+        return mask_text(value)
+    return f"{local[:1]}***@{domain}"
+
+
+def mask_digits(value: str) -> str:
+    """Keep the last four characters of anything holding a long run of digits."""
+    if sum(ch.isdigit() for ch in value) < 6:
+        return value
+    return "••••" + value[-4:]
+
+
+def mask_text(value: str) -> str:
+    if len(value) <= 2:
+        return "***"
+    return value[:1] + "***" + value[-1:]
+
+
+def mask_inline(text: str) -> str:
+    """Text a person must read (a deal's name), with what is personal in it masked."""
+    text = _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
+    return _EMBEDDED_DIGITS.sub(
+        lambda m: mask_digits(m.group()) if sum(c.isdigit() for c in m.group()) >= 6
+        else m.group(),
+        text,
+    )
+
+
+def _mask_value(value: Any, how: str) -> str:
+    if how == "inline":
+        return mask_inline(str(value))
+    if how == "email":
+        return mask_email(str(value)) if EMAIL_ADDRESS.match(str(value)) else mask_text(str(value))
+    if how == "digits":
+        return mask_digits(str(value))
+    if how == "params":
+        if isinstance(value, Mapping):
+            return _params(value, masked=True)
+        return mask_text(str(value))
+    if how == "patch":
+        return _patch(value, masked=True)
+    return _display(value)
+
+
+def _nested(value: Any, *, masked: bool, mask_plain_text: bool = False) -> str:
+    """Nested values laid out one way, masked or not. Masked, emails and account-like
+    numbers are masked at any depth; other text is masked too where it is free text about a
+    person (template parameters), and kept where it is what the approver must read (the
+    fields a deal change moves)."""
+    if isinstance(value, Mapping):
+        inner = (
+            f"{_key(k, masked=masked)}: "
+            f"{_nested(v, masked=masked, mask_plain_text=mask_plain_text)}"
+            for k, v in sorted(value.items())
+        )
+        return "{" + ", ".join(inner) + "}"
+    if isinstance(value, list):
+        inner = (_nested(v, masked=masked, mask_plain_text=mask_plain_text) for v in value)
+        return "[" + ", ".join(inner) + "]"
+    if not masked:
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        # An account or phone number sent as a JSON number is still one.
+        return mask_digits(str(value))
+    if isinstance(value, str):
+        if EMAIL_ADDRESS.match(value):
+            return mask_email(value)
+        if sum(ch.isdigit() for ch in value) >= 6:
+            return mask_digits(value)
+        if mask_plain_text:
+            return mask_text(value)
+        return mask_inline(value)
+    return str(value)
+
+
+def _key(key: str, *, masked: bool) -> str:
+    """A key can hold what a value can (an address, an account or phone number): masked
+    where it stands, as inside a deal's name."""
+    return mask_inline(key) if masked else key
+
+
+def _params(value: Mapping[str, Any], *, masked: bool) -> str:
+    """Template parameters: free text about a person, masked whole unless asked."""
+    return ", ".join(
+        f"{_key(k, masked=masked)}: {_nested(v, masked=masked, mask_plain_text=True)}"
+        for k, v in sorted(value.items())
+    )
+
+
+def _patch(value: Mapping[str, Any], *, masked: bool) -> str:
+    """A deal change stays readable (the approver must see what moves). Masked, except what
+    is personal: a field the deal schema masks (the owner's email), and anything that looks
+    like an email address or an account number wherever it sits."""
+    masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
+
+    def shown(name: str, moved: Any) -> str:
+        if name in TYPED_NUMBERS and isinstance(moved, int):
+            return _patch_amount(value, moved)  # what the approver must see move
+        if masked and masks.get(name):
+            return _mask_value(moved, masks[name])
+        return _nested(moved, masked=masked)
+
+    return ", ".join(
+        f"{_key(k, masked=masked)} → {shown(k, v)}" for k, v in sorted(value.items())
+    )
+
+
+def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
+    currency = patch.get("currency")
+    if isinstance(currency, str) and CURRENCY_CODE.match(currency):
+        return money_format(amount_minor, currency)
+    # The deal keeps its own currency, which the change does not name.
+    return f"{amount_minor} in minor units of the deal's currency"
+
+
+def _display(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} → {_display(v)}" for k, v in sorted(value.items()))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class IntentRow:
+    name: str
+    label: str
+    value: str
+
+
+def intent_rows(
+    *, action: str, payload: Mapping[str, Any], unmasked: bool = False
+) -> list[IntentRow]:
+    """The intent as a person reads it: labelled, money formatted, masked by default."""
+    rows: list[IntentRow] = []
+    for spec in SCHEMAS.get(action, ()):
+        if spec.name not in payload:
+            continue
+        value = payload[spec.name]
+        if spec.name == "currency":
+            continue  # shown with the amount
+        if spec.name == "amount_minor":
+            shown = money_format(value, payload.get("currency", ""))
+        elif unmasked and spec.mask == "patch" and isinstance(value, Mapping):
+            shown = _patch(value, masked=False)
+        elif unmasked and spec.mask == "params" and isinstance(value, Mapping):
+            shown = _params(value, masked=False)
+        elif unmasked:
+            shown = _display(value)
+        else:
+            shown = _mask_value(value, spec.mask)
+        rows.append(IntentRow(spec.name, spec.label, shown))
+    return rows
+
+
+def intent_summary(*, action: str, payload: Mapping[str, Any], unmasked: bool = False) -> str:
+    """One line, masked unless asked: 'Pay 12,500.00 KZT to ••••r_77 for invoice inv_9182'."""
+    p = payload
+
+    def shown(value: str, mask: Any) -> str:
+        return value if unmasked else mask(value)
+
+    if action == Action.PAYMENTS_CREATE:
+        return (
+            f"Pay {money_format(p['amount_minor'], p['currency'])} to "
+            f"{shown(p['beneficiary_id'], mask_digits)} for invoice {p['invoice_id']}"
+        )
+    if action == Action.CRM_CREATE_DEAL:
+        return (
+            f"Create deal “{shown(p['name'], mask_inline)}” worth "
+            f"{money_format(p['amount_minor'], p['currency'])}"
+        )
+    if action == Action.CRM_UPDATE_DEAL:
+        return (
+            f"Change deal {p['target']} (version {p['expected_version']}): "
+            f"{_patch(p['patch'], masked=not unmasked)}"
+        )
+    if action == Action.MAIL_SEND:
+        return f"Email “{p['template']}” to {shown(p['to'], mask_email)}"
+    return action
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    label: str
+    old: str
+    new: str
+
+
+def intent_diff(
+    *,
+    action: str,
+    old_payload: Mapping[str, Any],
+    new_payload: Mapping[str, Any],
+    old_policy: str = "",
+    new_policy: str = "",
+    unmasked: bool = False,
+) -> list[DiffRow]:
+    """Field-by-field changes between two intents, masked the same way as the intent."""
+    old_rows = {
+        r.name: r for r in intent_rows(action=action, payload=old_payload, unmasked=unmasked)
+    }
+    new_rows = {
+        r.name: r for r in intent_rows(action=action, payload=new_payload, unmasked=unmasked)
+    }
+    diff = []
+    for spec in SCHEMAS.get(action, ()):
+        if spec.name == "currency":
+            if old_payload.get("currency") != new_payload.get("currency"):
+                diff.append(
+                    DiffRow(
+                        "Currency",
+                        str(old_payload.get("currency")),
+                        str(new_payload.get("currency")),
+                    )
+                )
+            continue
+        old = old_rows.get(spec.name)
+        new = new_rows.get(spec.name)
+        old_shown, new_shown = old.value if old else "—", new.value if new else "—"
+        if old_payload.get(spec.name) == new_payload.get(spec.name):
+            # Unchanged, unless it reads differently: the same minor units in a currency
+            # of another exponent are another amount (1,250,000 minor units: KZT → JPY).
+            if old_shown != new_shown:
+                diff.append(DiffRow(spec.label, old_shown, new_shown))
+            continue
+        if old_shown == new_shown:
+            # Different values that mask alike (same last four): say so, or the approver
+            # would see a change row that shows no change.
+            new_shown += " (changed in the masked part)"
+        diff.append(DiffRow(spec.label, old_shown, new_shown))
+    if old_policy != new_policy:
+        diff.append(DiffRow("Policy version", old_policy, new_policy))
+    return diff

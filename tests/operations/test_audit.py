@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, InternalError, connection, transaction
 from django.test import Client
 
-from operations.models import AuditEvent
+from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.services import audit_event_record
 
 
@@ -33,6 +33,25 @@ def test_it_refuses_an_orm_update_too(acme):
     event = audit_event_record(actor=None, action="test.event", tenant=acme)
     with pytest.raises((InternalError, IntegrityError)), transaction.atomic():
         AuditEvent.objects.filter(id=event.id).update(action="forged")
+
+
+@pytest.mark.django_db
+def test_it_refuses_update_and_delete_of_evidence(acme):
+    from tests.operations.engine_helpers import prepared_payment
+
+    op = prepared_payment(acme)
+    proof = Evidence.objects.create(
+        operation=op, kind=EvidenceKind.MANUAL, summary="bank says paid"
+    )
+    for change in (
+        lambda: Evidence.objects.filter(id=proof.id).update(summary="bank says nothing"),
+        lambda: Evidence.objects.filter(id=proof.id).delete(),
+    ):
+        with pytest.raises((InternalError, IntegrityError)) as excinfo, transaction.atomic():
+            change()
+        assert "append-only" in str(excinfo.value)
+    proof.refresh_from_db()
+    assert proof.summary == "bank says paid"
 
 
 @pytest.fixture

@@ -36,14 +36,36 @@ def audit_event_record(
         )
 
 
-def tenant_create(*, slug: str, name: str, legal_entity: str = "") -> Tenant:
+def tenant_create(
+    *, slug: str, name: str, legal_entity: str = "", actor: AbstractBaseUser | None = None
+) -> Tenant:
     with transaction.atomic():
         tenant, created = Tenant.objects.get_or_create(
             slug=slug, defaults={"name": name, "legal_entity": legal_entity}
         )
         if created:
             audit_event_record(
-                actor=None, action="tenant.create", tenant=tenant, object_type="tenant",
+                actor=actor, action="tenant.create", tenant=tenant, object_type="tenant",
                 object_id=tenant.slug, after={"name": name, "legal_entity": legal_entity},
             )
+        return tenant
+
+
+def tenant_update(
+    *, tenant_id: int, name: str, legal_entity: str, actor: AbstractBaseUser | None
+) -> Tenant:
+    """Rename a tenant or change its legal entity, which approvers read on every card: the
+    old and new values go on the audit trail. The slug never changes (scripts and links
+    name tenants by it)."""
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(id=tenant_id)
+        before = {"name": tenant.name, "legal_entity": tenant.legal_entity}
+        after = {"name": name, "legal_entity": legal_entity}
+        if before != after:
+            Tenant.objects.filter(id=tenant_id).update(**after)
+            audit_event_record(
+                actor=actor, action="tenant.update", tenant=tenant, object_type="tenant",
+                object_id=tenant.slug, before=before, after=after,
+            )
+        tenant.refresh_from_db()
         return tenant

@@ -26,6 +26,7 @@ from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus
+from operations.providers import adapter_for
 from operations.selectors import (
     keyset_page,
     operation_for_user,
@@ -146,6 +147,7 @@ def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **pane
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "superseded_by": operation_superseded_by(op),
+        "contract_facts": adapter_for(op.action).contract.facts(),
         "related_pages": related_pages_for_user(request.user, op),
     }
 

@@ -53,6 +53,51 @@ class ToolContract:
         """Without a lookup and without idempotent create, unknowns always go to a person."""
         return bool(self.lookup_methods) or self.same_key_retry_safe
 
+    def facts(self) -> list[tuple[str, str]]:
+        """The contract as an operator reads it before settling an unknown outcome by hand:
+        how the provider tells a repeat from a new effect, how to find what it did, and for
+        how long a same-key retry stays safe."""
+        facts = [
+            ("Provider", self.provider),
+            ("Effect", _EFFECT_WORDS[self.effect_class]),
+            ("Final result", "in the answer to the call" if self.synchronous
+             else "may come later, by webhook or lookup"),
+            ("Deduplication", self.dedup_method or "none"),
+            ("Looked up by", ", ".join(_LOOKUP_WORDS[m] for m in self.lookup_methods)
+             or "no lookup: unknown outcomes go to a person"),
+            ("Keys kept", _duration_words(self.key_retention) if self.key_retention
+             else "takes no idempotency key"),
+            ("Same-key retry", "safe: a repeat cannot make a second effect"
+             if self.same_key_retry_safe else "not safe: never sent again without a lookup"),
+        ]
+        if self.search_lag:
+            facts.append(("Search lag", f"up to {_duration_words(self.search_lag)}: an empty "
+                          "search younger than that proves nothing"))
+        return facts
+
+
+_EFFECT_WORDS = {
+    EffectClass.READ: "read only",
+    EffectClass.CREATE_WITH_NATURAL_KEY: "creates a record with a unique field",
+    EffectClass.VERSIONED_UPDATE: "changes a record at an expected version",
+    EffectClass.IRREVERSIBLE: "irreversible",
+}
+_LOOKUP_WORDS = {
+    LookupMethod.EXTERNAL_ID: "the provider's id",
+    LookupMethod.IDEMPOTENCY_KEY: "the idempotency key",
+    LookupMethod.UNIQUE_FIELD: "the operation id stored with the effect",
+}
+
+
+def _duration_words(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    # Days from two on: providers state a day's retention as "24 hours".
+    for unit, size, least in (("day", 86400, 2), ("hour", 3600, 1), ("minute", 60, 1)):
+        if seconds >= size * least and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} s"
+
 
 class CallOutcome(StrEnum):
     SUCCEEDED = "succeeded"

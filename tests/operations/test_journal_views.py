@@ -345,3 +345,30 @@ def test_it_says_a_bad_filter_or_page_link_shows_nothing(acme, operator):
     html = client.get("/operations/", {"before": "garbage"}).content.decode()
     assert "the page link is not valid" in html and op.id not in html
     assert op.id in client.get("/operations/", {"before": "op_" + "Z" * 26}).content.decode()
+
+
+@pytest.mark.django_db
+def test_it_shows_how_the_provider_dedups_and_is_asked(acme, operator, settings):
+    # What an operator weighs before settling an unknown outcome by hand: whether a repeat
+    # could make a second effect, and how the provider finds what it did.
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    client = signed_in(operator)
+    payment = client.get(f"/operations/{make_unknown(prepared_payment(acme)).id}/")
+    html = payment.content.decode()
+    assert "How the provider dedups and is asked" in html
+    for fact in (
+        "<dt>Deduplication</dt><dd>Idempotency-Key header + search by "
+        "metadata[&#x27;operation_id&#x27;]</dd>",
+        "<dt>Keys kept</dt><dd>24 hours</dd>",
+        "<dt>Final result</dt><dd>may come later, by webhook or lookup</dd>",
+        "<dt>Search lag</dt><dd>up to 1 minute: an empty search younger than that proves "
+        "nothing</dd>",
+    ):
+        assert fact in html
+    deal = operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100, "currency": "EUR", "owner": "sam@acme.test"})
+    html = client.get(f"/operations/{deal.id}/").content.decode()
+    assert "<dt>Keys kept</dt><dd>takes no idempotency key</dd>" in html
+    assert ("<dt>Same-key retry</dt><dd>not safe: never sent again without a lookup</dd>"
+            in html)
+    assert "Search lag" not in html

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -122,26 +122,38 @@ def test_it_does_not_cancel_on_a_stale_read_after_another_worker_called(
     assert len(payment_posts(op)) == 1 and op.provider_calls == 1
 
 
-@pytest.mark.django_db(transaction=True)
-def test_it_waits_out_the_search_lag_after_the_last_moment_a_call_could_land(
-    acme, approver, providers, settings
-):
+def _landed_late_unseen(
+    tenant, approver, settings, *, gave_up_ago: float, landed_after: float
+) -> tuple[Operation, PaymentIntent, datetime]:
+    """A payment our client gave up on `gave_up_ago` seconds ago, which the provider carried
+    out `landed_after` seconds after that and its search (60 s behind) does not show yet; the
+    approval has run out meanwhile. (operation, payment, when the client gave up)."""
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
-    op = authorized_payment(acme, approver)
+    op = authorized_payment(tenant, approver)
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
     engine.operation_execute(operation_id=op.id)
     slow_post_landed(op)
     intent = PaymentIntent.objects.get()
-    # As it is 65 s after our client gave up: the provider carried the POST out 50 s after
-    # that (inside the contract's 60 s late-landing window), and its search shows a payment
-    # only 60 s after it is made. The approval has run out meanwhile.
     now = timezone.now()
-    gave_up = now - timedelta(seconds=65)
+    gave_up = now - timedelta(seconds=gave_up_ago)
     Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).update(
         started_at=gave_up - timedelta(seconds=1), finished_at=gave_up)
-    PaymentIntent.objects.filter(id=intent.id).update(created_at=gave_up + timedelta(seconds=50))
+    PaymentIntent.objects.filter(id=intent.id).update(
+        created_at=gave_up + timedelta(seconds=landed_after))
     Operation.objects.filter(id=op.id).update(authorization_expires_at=now - timedelta(minutes=1))
     sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    return op, intent, gave_up
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_waits_out_the_search_lag_after_the_last_moment_a_call_could_land(
+    acme, approver, providers, settings
+):
+    # As it is 65 s after our client gave up: the provider carried the POST out 50 s after
+    # that (inside the contract's 60 s late-landing window), and its search shows a payment
+    # only 60 s after it is made.
+    op, intent, gave_up = _landed_late_unseen(
+        acme, approver, settings, gave_up_ago=65, landed_after=50)
 
     report = engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
@@ -163,22 +175,10 @@ def test_it_takes_an_empty_search_for_the_moment_it_was_sent_not_answered(
 ):
     from operations.engine import core
 
-    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
-    op = authorized_payment(acme, approver)
-    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
-    engine.operation_execute(operation_id=op.id)
-    slow_post_landed(op)
-    intent = PaymentIntent.objects.get()
     # The POST landed at the end of the late-landing window; the search shows it 60 s later,
-    # a second from now. The approval has run out.
-    now = timezone.now()
-    gave_up = now - timedelta(seconds=118.5)
-    Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).update(
-        started_at=gave_up - timedelta(seconds=1), finished_at=gave_up)
-    PaymentIntent.objects.filter(id=intent.id).update(
-        created_at=gave_up + timedelta(seconds=59.5))
-    Operation.objects.filter(id=op.id).update(authorization_expires_at=now - timedelta(minutes=1))
-    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    # a second from now.
+    op, intent, _ = _landed_late_unseen(
+        acme, approver, settings, gave_up_ago=118.5, landed_after=59.5)
     real = core.adapter(op.action)
 
     class SlowAnswer:

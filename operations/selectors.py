@@ -306,10 +306,11 @@ def operation_timeline(op) -> list[TimelineEntry]:
         )
         keyed.append(((attempt.started_at, 0, attempt.id), entry))
     for evidence in op.evidence.select_related("actor").order_by("id"):
+        # A status left as it was says so: "Webhook: failed" read as if the webhook failed.
         moved = (
             f"{evidence.from_status} → {evidence.to_status}"
             if evidence.from_status != evidence.to_status
-            else evidence.to_status
+            else f"stays {evidence.to_status}" if evidence.to_status else ""
         )
         kind = evidence.get_kind_display()
         entry = TimelineEntry(

@@ -372,3 +372,18 @@ def test_it_shows_how_the_provider_dedups_and_is_asked(acme, operator, settings)
     assert ("<dt>Same-key retry</dt><dd>not safe: never sent again without a lookup</dd>"
             in html)
     assert "Search lag" not in html
+
+
+@pytest.mark.django_db
+def test_it_says_a_status_stayed_rather_than_naming_it_alone_in_the_timeline(
+    acme_unknown, operator
+):
+    """"Webhook: failed" read as if the webhook had failed; the event left the status as it
+    was (a person's decision held, a lookup that settled nothing)."""
+    Evidence.objects.create(
+        operation=acme_unknown, kind=EvidenceKind.WEBHOOK, from_status="unknown",
+        to_status="unknown", summary="webhook payment_intent.succeeded held for review",
+    )
+    html = signed_in(operator).get(f"/operations/{acme_unknown.id}/").content.decode()
+    assert "Webhook: stays unknown" in html
+    assert "Webhook: unknown<" not in html

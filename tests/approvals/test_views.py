@@ -422,3 +422,13 @@ def test_it_shows_the_amount_a_currency_change_makes(acme, approver, prepare_pay
     assert '<del class="old">KZT</del>' in html
     assert '<del class="old">12,500.00 KZT</del>' in html
     assert '<ins class="new">1,250,000 JPY</ins>' in html
+
+
+def test_it_says_the_time_zone_of_the_replaced_intents_decisions(
+    acme, approver, prepare_payment, no_execute
+):
+    old = prepare_payment(acme)
+    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_350_000)
+    html = signed_in(approver).get(reverse("approvals:detail", args=[new.id])).content.decode()
+    assert "Approvals of the intent it replaces" in html
+    assert "<th>Decided (UTC)</th>" in html and "<th>Decided</th>" not in html

@@ -790,3 +790,23 @@ def test_it_refuses_a_resolution_of_a_status_the_operator_never_saw(
     intent = PaymentIntent.objects.get()
     assert intent.status == "processing" and op.external_id == intent.id
     assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 2
+
+
+@pytest.mark.django_db
+def test_it_says_the_time_zone_of_a_lease_and_of_a_status_that_moved_on(acme, operator):
+    op = prepared_payment(acme, invoice_id="inv_leased")
+    Operation.objects.filter(id=op.id).update(
+        status="in_progress", lease_owner="w1",
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
+    )
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/")
+    lease = timezone.localtime(Operation.objects.get(id=op.id).lease_expires_at)
+    assert f"w1 until {lease:%H:%M:%S} UTC" in page.content.decode()
+    Operation.objects.filter(id=op.id).update(status="disputed", lease_owner="",
+                                              lease_expires_at=None,
+                                              status_changed_at=timezone.now())
+    moved = client.get(f"/operations/{op.id}/", {"seen": page.context["seen"]},
+                       HTTP_HX_REQUEST="true").content.decode()
+    changed = timezone.localtime(Operation.objects.get(id=op.id).status_changed_at)
+    assert f"(since {changed:%H:%M:%S} UTC)" in moved

@@ -110,3 +110,14 @@ def test_it_refuses_lineage_across_tenants_and_never_lists_another_tenants_effec
     assert op.id in html and stray.id not in html and "inv_GLOBEX" not in html
     runs = client.get("/runs/").context["runs"]
     assert {run.id: run.operation_count for run in runs}[original.id] == 1
+
+
+@pytest.mark.django_db
+def test_it_says_the_time_zone_of_every_time_it_shows(lineage, auditor):
+    """Every other page says UTC; a bare time on these read as the viewer's local time."""
+    original, *_ = lineage
+    client = signed_in(auditor)
+    for url in ("/runs/", "/runs/conversations/conv_01TEST/", f"/runs/{original.id}/"):
+        html = client.get(url).content.decode()
+        assert "<th>Created (UTC)</th>" in html, url
+        assert "<th>Created</th>" not in html, url

@@ -810,3 +810,28 @@ def test_it_says_the_time_zone_of_a_lease_and_of_a_status_that_moved_on(acme, op
                        HTTP_HX_REQUEST="true").content.decode()
     changed = timezone.localtime(Operation.objects.get(id=op.id).status_changed_at)
     assert f"(since {changed:%H:%M:%S} UTC)" in moved
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "form", "wrong"), [
+    ("reconcile", {"reconcile-reason": f"card {CARD}"}, "Give a reason to reconcile."),
+    ("dispute", {"dispute-reason": f"card {CARD}"}, "Give a reason to dispute."),
+    ("resolve", {**RESOLVE, "resolve-provider_reference": CARD},
+     "The resolution is incomplete."),
+])
+def test_it_says_what_is_wrong_with_a_filled_in_form_not_that_it_is_missing(
+    acme_unknown, operator, path, form, wrong
+):
+    """A reason was given; the banner asking for one sent the operator looking for a blank."""
+    response = signed_in(operator).post(
+        f"/operations/{acme_unknown.id}/{path}", form, HTTP_HX_REQUEST="true"
+    )
+    alert = re.search(r'<div role="alert">(.*?)</div>', response.content.decode(), re.S)
+    assert alert is not None
+    assert wrong not in alert.group(1)
+    assert "looks like a full card number" in alert.group(1)
+    # An empty form still says what is missing.
+    empty = signed_in(operator).post(
+        f"/operations/{acme_unknown.id}/{path}", {}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert wrong in empty

@@ -205,8 +205,10 @@ def transition(
     manual: bool = False,
     audit_action: str = "",
     reason: str = "",
+    audit_facts: dict[str, Any] | None = None,
 ) -> bool:
-    """One conditional UPDATE plus its evidence (and audit) row; True when this call won."""
+    """One conditional UPDATE plus its evidence (and audit) row; True when this call won.
+    `audit_facts`: what the person went by, for an auditor who reads the trail alone."""
     for source in sources:
         if not transitions.allowed(source, to, manual=manual):
             raise TransitionRefused(f"{source} → {to} is not in the transition table")
@@ -277,6 +279,7 @@ def transition(
                         for k, v in (fields or {}).items()
                         if k in {"external_id", "error_code"}
                     },
+                    **(audit_facts or {}),
                 },
             )
     return True

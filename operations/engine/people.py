@@ -110,6 +110,8 @@ def operation_resolve(
             fields=fields,
             audit_action=f"operation.resolve_{outcome}",
             reason=reason,
+            # The trail and its CSV must show what was verified, not only that it was.
+            audit_facts={"evidence": evidence_text, "provider_reference": reference},
             extra=Q(status_changed_at=seen_status_changed_at)
             if seen_status_changed_at is not None else None,
         )

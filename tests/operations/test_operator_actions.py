@@ -65,7 +65,11 @@ def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, 
     event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
     assert event.actor_username == "operator"
     assert event.reason == "customer confirmed the transfer"
-    assert event.before == {"status": "unknown"} and event.after["status"] == "succeeded"
+    # What the person went by is on the trail itself: an auditor reads it there and in the
+    # CSV, without opening each operation's timeline.
+    assert event.before == {"status": "unknown"} and event.after == {
+        "status": "succeeded", "evidence": RESOLVE["resolve-evidence"], "provider_reference": "",
+    }
     evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
     assert (evidence.from_status, evidence.to_status, evidence.actor) == (
         "unknown",
@@ -503,7 +507,9 @@ def test_it_resolves_with_a_payment_reference_the_provider_confirms(
     assert attempt.provider_request_id == verified["provider_request_id"]
     assert attempt.started_at <= attempt.finished_at
     event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
-    assert event.after == {"status": "succeeded", "external_id": payment_id}
+    assert event.after == {"status": "succeeded", "external_id": payment_id,
+                           "evidence": RESOLVE["resolve-evidence"],
+                           "provider_reference": payment_id}
     assert not sandbox_writes(provider="payments").exists()
 
 

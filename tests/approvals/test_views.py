@@ -184,6 +184,11 @@ def test_it_approves_in_place_with_htmx(acme, approver, prepare_payment, no_exec
     assert f'id="card-{approval.id}"' in html
     assert 'data-status="approved"' in html
     assert "looks right" in html
+    # The card holds still while it has focus (the queue pauses its refresh): the answer
+    # says where the operation's live status is.
+    op_id = approval.operation_id
+    assert (f'<a href="/operations/{op_id}/">Follow it on the operation page</a>: this card '
+            "shows its status as it was when you decided.") in html
     assert response["HX-Trigger"] == "approvals-changed"  # the queue's counts follow
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
 

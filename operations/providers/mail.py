@@ -63,7 +63,7 @@ class MailSendAdapter:
         provider="mail",
         effect_class=EffectClass.IRREVERSIBLE,
         synchronous=False,
-        lookup_methods=(LookupMethod.IDEMPOTENCY_KEY,),
+        lookup_methods=(LookupMethod.EXTERNAL_ID, LookupMethod.IDEMPOTENCY_KEY),
         key_retention=timedelta(days=7),
         same_key_retry_safe=True,
         dedup_method="Idempotency-Key header + list messages by it",
@@ -88,6 +88,10 @@ class MailSendAdapter:
         )
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
+        if op.external_id:
+            # Once the provider named the message, asked by its id: that outlives the key,
+            # which the provider forgets after 7 days while a message may still be queued.
+            return self.retrieve(op.external_id)
         method = LookupMethod.IDEMPOTENCY_KEY
         answer = send(
             "GET", f"{_base()}/messages", api_key=settings.MAIL_API_KEY,

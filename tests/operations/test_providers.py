@@ -19,6 +19,7 @@ from operations.providers.base import (
 from operations.providers.signing import hmac_signature_header, stripe_signature_header
 from operations.sandbox.models import Deal, Message, PaymentIntent
 from operations.sandbox.selectors import (
+    sandbox_requests,
     sandbox_writes,
 )
 from operations.sandbox.services import (
@@ -361,6 +362,24 @@ def test_it_sends_mail_once_per_key_and_follows_delivery(sandbox):
     other = adapter.call(replace(op, payload={**op.payload, "to": "ceo@acme.test"}))
     assert (other.outcome, other.error_class) == (CallOutcome.UNKNOWN, "idempotency_error")
     assert Message.objects.count() == 1
+
+
+def test_it_looks_a_known_message_up_by_its_id_after_the_key_is_forgotten(sandbox):
+    adapter = adapter_for("mail.send")
+    op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                "params": {"invoice": "inv_43"}})
+    sent = adapter.call(op)
+    # Eight days on, still queued: the provider keeps keys for 7 days, so by key an empty
+    # answer would prove nothing; by the id it gave us, the message is found.
+    later = replace(op, external_id=sent.external_id,
+                    last_call_at=timezone.now() - timedelta(days=8))
+    found = adapter.lookup(later)
+    assert (found.outcome, found.method, found.external_id, found.status) == (
+        LookupOutcome.FOUND, LookupMethod.EXTERNAL_ID, sent.external_id, CallOutcome.ACCEPTED
+    )
+    assert found.operation_ids == (op.id,)
+    assert not sandbox_requests(provider="mail", method="GET",
+                                path_endswith="/messages").exists()
 
 
 def _stripe_event(op_id: str, event_type: str = "payment_intent.succeeded") -> bytes:

@@ -167,9 +167,21 @@ def secret_in_text(text: str) -> str:
     return ""
 
 
+def _unicode_text(text: str) -> bool:
+    """JSON text that has a UTF-8 form: json.loads lets an unpaired surrogate ("\\ud800")
+    through, and the canonical form (RFC 8785), the size check and the hash cannot take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _plain_json(value: Any, path: str) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SAFE_INTEGER:
         raise IntentError(f"{path}: integers must be within ±{_MAX_SAFE_INTEGER}")
+    if isinstance(value, str) and not _unicode_text(value):
+        raise IntentError(f"{path}: text holds an unpaired surrogate (not Unicode)")
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return
     if isinstance(value, float):
@@ -178,6 +190,9 @@ def _plain_json(value: Any, path: str) -> None:
         for key, inner in value.items():
             if not isinstance(key, str):
                 raise IntentError(f"{path}: keys must be strings")
+            if not _unicode_text(key):
+                # Not named: the key itself could not be printed.
+                raise IntentError(f"{path}: a key holds an unpaired surrogate (not Unicode)")
             _plain_json(inner, f"{path}.{key}")
         return
     if isinstance(value, list):

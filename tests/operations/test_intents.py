@@ -311,3 +311,21 @@ def test_it_refuses_an_intent_too_large_to_review_before_scanning_it():
     # Just under the limit is an ordinary intent.
     intent_validate(action="mail.send", payload={
         "to": "anna@example.com", "template": "offer", "params": {"note": "x" * 30000}})
+
+
+@pytest.mark.parametrize(
+    ("action", "payload"),
+    [
+        ("mail.send", {"to": "anna@example.com", "template": "offer",
+                       "params": {"note": "\ud800"}}),
+        ("mail.send", {"to": "anna@example.com", "template": "offer",
+                       "params": {"\udfff": "x"}}),
+        ("payments.create", {**PAYMENT, "invoice_id": "inv_\ud83d"}),
+    ],
+)
+def test_it_refuses_text_with_an_unpaired_surrogate_as_an_intent_error(action, payload):
+    # json.loads('"\\ud800"') gives such a string; the canonical form cannot hold it, and
+    # callers (the operations command) turn an IntentError, not a codec error, into one line.
+    with pytest.raises(IntentError, match="unpaired surrogate") as refused:
+        intent_validate(action=action, payload=payload)
+    str(refused.value).encode("utf-8")  # the refusal itself can be printed

@@ -21,6 +21,7 @@ from approvals.selectors import (
     approvals_queue_page,
 )
 from approvals.services import ApprovalRefused, approval_approve, approval_reject
+from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
@@ -149,22 +150,13 @@ def _decided(
     return redirect(_next_url(request, approval))
 
 
-def _form_problem(form) -> str:
-    """The form's errors as one line, naming the field as the person sees it."""
-    return " ".join(
-        f"{form.fields[name].label or name.capitalize()}: {' '.join(errors)}"
-        if form[name].value() else " ".join(errors)
-        for name, errors in form.errors.items()
-    )
-
-
 @require_POST
 def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "approve_intents")
     form = ApproveForm(request.POST)
     if not form.is_valid():
         # Never approve while dropping what the approver wrote.
-        return _decided(request, approval, error=_form_problem(form))
+        return _decided(request, approval, error=form_problem(form))
     try:
         approval_approve(
             approval_id=approval.id, actor=request.user, comment=form.cleaned_data["comment"]
@@ -179,7 +171,7 @@ def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "approve_intents")
     form = RejectForm(request.POST)
     if not form.is_valid():
-        return _decided(request, approval, error=_form_problem(form))
+        return _decided(request, approval, error=form_problem(form))
     try:
         approval_reject(
             approval_id=approval.id, actor=request.user, reason=form.cleaned_data["reason"]

@@ -126,3 +126,19 @@ class ResolveForm(ReasonForm):
         if not evidence:
             raise forms.ValidationError("Evidence is required.")
         return evidence
+
+
+def form_problem(form: forms.Form, *, incomplete: str = "") -> str:
+    """A refused form's errors as one line, naming each field as the person sees it.
+
+    With `incomplete`: that line instead of the errors of fields left blank, said only when
+    nothing typed is wrong too (a card number in a reason is not a missing reason)."""
+    problems = []
+    for name, errors in form.errors.items():
+        if name not in form.fields:
+            problems.append(" ".join(errors))
+        elif str(form[name].value() or "").strip():
+            problems.append(f"{form[name].label}: {' '.join(errors)}")
+        elif not incomplete:
+            problems.append(" ".join(errors))
+    return " ".join(problems) or incomplete

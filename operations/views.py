@@ -22,7 +22,7 @@ from operations.engine import (
     operation_resolve,
     reconcile_applies,
 )
-from operations.forms import OperationFilterForm, ReasonForm, ResolveForm
+from operations.forms import OperationFilterForm, ReasonForm, ResolveForm, form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus
@@ -189,17 +189,6 @@ def _respond(
     return redirect(reverse("operations:detail", args=[op.id]))
 
 
-def _form_problem(form: ReasonForm | ResolveForm, incomplete: str) -> str:
-    """The banner over a refused form: `incomplete` when only blanks are wrong; otherwise what
-    is wrong with what was typed (a card number in the reason is not a missing reason)."""
-    typed = [
-        f"{form[name].label}: {' '.join(errors)}" if name in form.fields else " ".join(errors)
-        for name, errors in form.errors.items()
-        if name not in form.fields or str(form[name].value() or "").strip()
-    ]
-    return " ".join(typed) or incomplete
-
-
 def _operator_action(
     request: HttpRequest,
     operation_id: str,
@@ -215,7 +204,7 @@ def _operator_action(
     op = operation_for_user(request.user, operation_id, "operate_operations")
     form = form_class(request.POST, prefix=prefix)
     if not form.is_valid():
-        return _respond(request, op, ok=False, message=_form_problem(form, incomplete),
+        return _respond(request, op, ok=False, message=form_problem(form, incomplete=incomplete),
                         form_key=prefix, form=form)
     try:
         done = act(op, form.cleaned_data)

@@ -117,7 +117,10 @@ class ResolveForm(ReasonForm):
 
     # When the status the page showed was set: the resolution applies to that status only,
     # never to one the engine moved the operation to after the person looked.
-    seen = forms.DateTimeField(required=False, widget=forms.HiddenInput)
+    # autocomplete off: a browser restoring form state on reload would send the old moment.
+    seen = forms.DateTimeField(
+        required=False, widget=forms.HiddenInput(attrs={"autocomplete": "off"})
+    )
 
     field_order = ["outcome", "evidence", "provider_reference", "reason"]
 

@@ -213,8 +213,9 @@ def _record_lookup(
         if lands_by is not None and lands_by > attempt.started_at:
             _lookup_noted(
                 op, calls_before=calls_before,
-                summary="absent so far, but an earlier call may still land until "
-                f"{lands_by:%H:%M:%S}; next check then", data=data, actor=actor,
+                summary="absent so far, but an earlier call may still land (or not show in "
+                f"the provider's search yet) until {lands_by:%H:%M:%S}; next check then",
+                data=data, actor=actor,
                 next_reconcile_at=lands_by,
             )
             return ReconcileReport(op.id, "inconclusive", op.status, "a call may still land")

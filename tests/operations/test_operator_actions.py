@@ -13,6 +13,7 @@ from operations.engine import (
     operation_prepare,
     operation_resolve,
 )
+from operations.forms import ResolveForm
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -757,6 +758,10 @@ def test_it_resolves_the_status_the_page_showed(acme_unknown, operator):
     client = signed_in(operator)
     form = _page_hidden_fields(client, op)
     assert set(form) == {"resolve-seen"}
+    # Exactly the stored moment, to the microsecond: an empty or rounded value would skip the
+    # check or refuse every resolution.
+    seen = ResolveForm(prefix="resolve", data=form).fields["seen"].clean(form["resolve-seen"])
+    assert seen == op.status_changed_at
     client.post(f"/operations/{op.id}/resolve", {**form, **TEXT_ONLY})
     op.refresh_from_db()
     assert op.status == "succeeded" and op.resolved_manually

@@ -26,8 +26,7 @@ import time
 import warnings
 from pathlib import Path
 
-from console.env import EMBEDDED_STATE, VAR_DIR
-from console.env import embedded_state as _read_state
+from console.env import EMBEDDED_STATE, VAR_DIR, embedded_state
 
 PG_DIR = VAR_DIR / "pg"
 REDIS_DIR = VAR_DIR / "redis"
@@ -191,7 +190,7 @@ def redis_down() -> None:
 
 def services_up() -> tuple[dict[str, str], list[str]]:
     """Start what the environment does not provide. Returns the state and what was started."""
-    state = _read_state()
+    state = embedded_state()
     started: list[str] = []
     if not os.environ.get("DATABASE_URL"):
         was_running = _pg_running()
@@ -214,7 +213,7 @@ def services_up() -> tuple[dict[str, str], list[str]]:
 
 def services_down(which: list[str] | None = None) -> None:
     which = ["postgres", "redis"] if which is None else which
-    state = _read_state()
+    state = embedded_state()
     if "redis" in which:
         redis_down()
         state.pop("redis_url", None)

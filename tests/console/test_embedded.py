@@ -12,7 +12,7 @@ def test_it_stops_the_postgres_it_started_when_redis_cannot_start(monkeypatch):
     state: dict[str, str] = {}
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.setattr(embedded, "_read_state", lambda: dict(state))
+    monkeypatch.setattr(embedded, "embedded_state", lambda: dict(state))
     monkeypatch.setattr(embedded, "_write_state", lambda new: state.update(new))
     monkeypatch.setattr(embedded, "_pg_running", lambda: False)
     monkeypatch.setattr(embedded, "_redis_pid", lambda: None)

@@ -149,6 +149,9 @@ STORAGES = {
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
+# Signing in again (in this tab or another) renews the token: a page loaded before then is
+# refused. Said in words, with the way back, never Django's "CSRF verification failed".
+CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 SECURE_SSL_REDIRECT = _flag_env("SECURE_SSL_REDIRECT", True) and not DEBUG
 # Load balancers and orchestrators probe health over plain http.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]

@@ -18,6 +18,7 @@ from django.http import (
 )
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -100,6 +101,18 @@ def healthz(request: HttpRequest) -> JsonResponse:
     body = {name: "ok" if ok else "down" for name, ok in checks.items()}
     body["status"] = "ok" if all(checks.values()) else "down"
     return JsonResponse(body, status=200 if all(checks.values()) else 503)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """A POST from a page loaded before the person last signed in (signing in renews the
+    token, in every tab) or whose cookie is gone. Django's own page says "CSRF verification
+    failed", which tells an approver nothing about whether the payment was approved."""
+    back = request.headers.get("Referer", "")
+    if not url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        back = ""
+    return render(request, "csrf_failure.html", {"back": back}, status=403)
 
 
 @require_GET

@@ -51,3 +51,50 @@ document.addEventListener("htmx:afterSettle", (event) => {
   if (!spot.matches("a[href], button, textarea, input, select")) spot.tabIndex = -1;
   spot.focus();
 });
+
+// An action the server refused before doing anything (403: a role taken away, or a page
+// loaded before the person signed in again, here or in another tab; 404) or that failed
+// (5xx, no answer) is not swapped by htmx: the button would seem to do nothing at all, and
+// the approver could not tell whether the payment was approved. Say it in words where they
+// clicked, with the server's own words when its page carries them ([data-refusal]). Polls
+// (GET) stay quiet: the next one tries again.
+function showRequestProblem(event, text) {
+  const elt = event.detail.elt;
+  const target = event.detail.target;
+  let spot = elt.closest("form") || elt;
+  if (target && target.contains(spot)) {
+    for (const old of target.querySelectorAll(".request-problem")) old.remove();
+    while (spot.parentElement && spot.parentElement !== target) spot = spot.parentElement;
+  }
+  const problem = document.createElement("p");
+  problem.className = "error request-problem";
+  problem.setAttribute("role", "alert");
+  problem.tabIndex = -1;
+  problem.textContent = text;
+  spot.before(problem);
+  problem.focus();
+}
+
+function isAction(event) {
+  const verb = event.detail.requestConfig && event.detail.requestConfig.verb;
+  return Boolean(verb) && verb.toLowerCase() !== "get";
+}
+
+document.addEventListener("htmx:responseError", (event) => {
+  if (!isAction(event)) return;
+  const xhr = event.detail.xhr;
+  const refusal = new DOMParser()
+    .parseFromString(xhr.responseText || "", "text/html")
+    .querySelector("[data-refusal]");
+  const words = refusal ? refusal.textContent.trim().replace(/\s+/g, " ") : "";
+  showRequestProblem(event, xhr.status < 500
+    ? `Nothing was done. ${words || `The console refused it (HTTP ${xhr.status}).`}`
+    : `The console failed while doing this (HTTP ${xhr.status}). Reload the page to see ` +
+      "whether it was done.");
+});
+
+document.addEventListener("htmx:sendError", (event) => {
+  if (!isAction(event)) return;
+  showRequestProblem(event, "No answer from the console: the request may not have " +
+    "arrived, or its answer was lost. Reload the page to see whether it was done.");
+});

@@ -239,3 +239,32 @@ def test_it_shows_the_filter_of_the_page_back_brings_back(
     page.wait_for_url(f"{live_server.url}/operations/")
     expect(status).to_have_value("")
     assert page.problems == []
+
+
+def test_it_says_why_an_approve_from_a_page_older_than_the_sign_in_did_nothing(
+    live_server, transactional_db, acme, approver, prepare_payment, page
+):
+    approval = prepare_payment(acme)
+    _sign_in(page, live_server, "approver")
+    page.goto(f"{live_server.url}/approvals/")
+    # Another tab: signed out and in again, which renews the token this page still holds.
+    other = page.context.new_page()
+    other.goto(f"{live_server.url}/")
+    other.get_by_role("button", name="Sign out").click()
+    _sign_in(other, live_server, "approver")
+    other.close()
+
+    card = page.locator(f"#card-{approval.id}")
+    card.locator("textarea[name=comment]").fill("invoice matches")
+    with page.expect_response(lambda r: r.url.endswith(f"/{approval.id}/approve")) as answer:
+        card.get_by_role("button", name="Approve").click()
+    assert answer.value.status == 403
+    # Not a button that silently does nothing: the refusal, in words, where they clicked.
+    alert = card.locator("[role=alert]")
+    expect(alert).to_contain_text("Nothing was done")
+    expect(alert).to_contain_text("loaded before you last signed in")
+    expect(alert).to_be_focused()
+    assert card.locator("textarea[name=comment]").input_value() == "invoice matches"
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    # The browser and htmx log the 403 themselves; nothing else went wrong on the page.
+    assert [p for p in page.problems if "403" not in p] == []

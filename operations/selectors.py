@@ -161,7 +161,9 @@ def dashboard_metrics(user) -> dict:
             operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,
             to_status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED],
         ).count(),
-        "reapprovals": ops.filter(supersedes__isnull=False).count(),
+        # A changed intent that went to a person again. One the policy authorized on its
+        # own (a small deal changed to another small one) was approved by nobody.
+        "reapprovals": ops.filter(supersedes__isnull=False, requires_approval=True).count(),
     }
 
 

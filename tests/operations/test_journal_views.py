@@ -336,6 +336,24 @@ def test_it_measures_reconcile_time_and_resolutions_over_findings_of_visible_ten
 
 
 @pytest.mark.django_db
+def test_it_counts_as_re_approvals_only_changed_intents_that_went_to_a_person(acme, operator):
+    old_payment = prepared_payment(acme, invoice_id="inv_r")
+    operation_prepare(tenant=acme, action="payments.create", supersedes=old_payment,
+                      payload={**old_payment.payload, "amount_minor": 1_350_000})
+    # A small deal changed to another small one: the policy authorizes both, nobody approves.
+    deal = {"name": "Renewal", "amount_minor": 100_000, "currency": "USD",
+            "owner": "owner@example.com"}
+    old_deal = operation_prepare(tenant=acme, action="crm.create_deal", payload=deal)
+    changed = operation_prepare(tenant=acme, action="crm.create_deal", supersedes=old_deal,
+                                payload={**deal, "amount_minor": 120_000})
+    assert not changed.requires_approval
+
+    metrics = signed_in(operator).get("/").context["metrics"]
+
+    assert metrics["reapprovals"] == 1
+
+
+@pytest.mark.django_db
 def test_it_says_a_bad_filter_or_page_link_shows_nothing(acme, operator):
     op = prepared_payment(acme)
     client = signed_in(operator)

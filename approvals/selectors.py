@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Min, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -64,8 +64,12 @@ def approvals_for_user(
         "operation", "operation__tenant", "operation__run", "operation__supersedes",
         "operation__superseded_by", "decided_by",
     ).prefetch_related(
-        # Each card names the approval its intent replaced: one query for the whole page.
-        "supersedes"
+        # Each card names the replaced intent's last approval request, whatever became of it
+        # (superseded, rejected, expired): one query for the whole page.
+        Prefetch(
+            "operation__supersedes__approvals",
+            queryset=Approval.objects.select_related("decided_by").order_by("-id"),
+        )
     )
 
 

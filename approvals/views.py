@@ -49,9 +49,11 @@ def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, 
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "diff": diff,
+        # The replaced intent's last request: superseded by this one, or rejected or expired
+        # before the agent changed the intent (then the approver needs its reason most).
         # .all() keeps the queue's prefetch; Approval's default ordering is newest first.
         "supersedes_approval": (
-            next(iter(approval.supersedes.all()), None) if op.supersedes_id else None
+            next(iter(op.supersedes.approvals.all()), None) if op.supersedes_id else None
         ),
         "expired_in_fact": approval.is_pending and approval.expires_at <= now,
         "can_decide": can_decide and approval.is_pending and approval.expires_at > now,

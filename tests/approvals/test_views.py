@@ -437,3 +437,25 @@ def test_it_says_the_time_zone_of_the_replaced_intents_decisions(
     html = signed_in(approver).get(reverse("approvals:detail", args=[new.id])).content.decode()
     assert "Approvals of the intent it replaces" in html
     assert "<th>Decided (UTC)</th>" in html and "<th>Decided</th>" not in html
+
+
+def test_it_shows_why_the_replaced_intent_was_rejected_on_the_changed_ones_card(
+    acme, approver, prepare_payment, no_execute
+):
+    from approvals.services import approval_reject
+
+    old = prepare_payment(acme)
+    approval_reject(approval_id=old.id, actor=approver, reason="wrong amount, see contract")
+    # The agent fixes the amount: a new intent replacing the rejected (cancelled) one.
+    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_150_000)
+    client = signed_in(approver)
+
+    queue = client.get(reverse("approvals:queue")).content.decode()
+    card = queue[queue.index(f'id="card-{new.id}"'):]
+    card = card[:card.index("</article>")]
+    assert f'href="{reverse("approvals:detail", args=[old.id])}"' in card
+    assert "rejected" in card and "wrong amount, see contract" in card
+
+    detail = client.get(reverse("approvals:detail", args=[new.id])).content.decode()
+    assert "<th>Reason or comment</th>" in detail
+    assert "<td>wrong amount, see contract</td>" in detail

@@ -996,3 +996,112 @@ def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_
     assert op.status == S.SUCCEEDED and op.external_id == intent.id
     assert len(payment_posts(op)) == 1 and op.provider_calls == 1
     assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="found").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_records_a_stalled_workers_refusal_over_a_newer_calls_payment(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    # A's call is refused (a 400, nothing written), but A freezes before writing that down.
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+    stalled, go = threading.Event(), threading.Event()
+    real_record = execute_module._record_call_result
+
+    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
+        if worker == "A":
+            stalled.set()
+            go.wait(15)
+        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
+
+    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
+    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    assert stalled.wait(10)
+    time.sleep(2.3)  # past A's lease and the reach of its call
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    # B's call commits the payment, and its answer is lost.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
+    assert engine.operation_execute(operation_id=op.id, worker="B").outcome == "called"
+    assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+    go.set()
+    a.join()
+
+    # A's refusal is older than B's call: it must not close as failed what B may have done.
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.error_code != "validation"
+    assert not op.evidence.filter(to_status=S.FAILED).exists()
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    posts = list(payment_posts(op))
+    assert len(posts) == 2 and {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert op.provider_calls == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_could_land(
+    acme, approver, providers, settings
+):
+    from operations.engine.core import adapter, call_reach, snapshot
+
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    op = authorized_payment(acme, approver)
+    # A worker claimed 70 s ago and died without an answer; its call may have reached the
+    # provider as late as its claim plus call_reach() (31 s here), and did commit.
+    claimed = timezone.now() - timedelta(seconds=70)
+    Operation.objects.filter(id=op.id).update(
+        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
+        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
+        next_reconcile_at=None)
+    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
+                                     worker="dead:1", idempotency_key=op.idempotency_key)
+    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
+    op.refresh_from_db()
+    assert adapter(op.action).call(snapshot(op)).external_id
+    # The provider's search does not show it yet (its lag, from when the call could land).
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive" and not report.may_call_again
+    assert op.status == S.UNKNOWN
+    assert "lag" in op.evidence.filter(kind="lookup").last().data["reason"]
+    # Checked again once the lag has passed after the call's reach, not before.
+    lag_ends = claimed + call_reach() + timedelta(seconds=60)
+    assert abs((op.next_reconcile_at - lag_ends).total_seconds()) < 5
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_key_reused_with_other_parameters_to_a_person(acme, approver, providers):
+    from dataclasses import replace
+
+    from operations.engine.core import adapter, snapshot
+
+    op = authorized_payment(acme, approver)
+    # Something already sent this operation's key with another amount (a data incident).
+    other = replace(snapshot(op), payload={**op.payload, "amount_minor": 99_900})
+    assert adapter(op.action).call(other).external_id
+
+    report = engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "called"
+    assert (op.status, op.error_code) == (S.UNKNOWN, "idempotency_error")
+    # Not for an automatic lookup: it would find the other amount's payment under this
+    # operation's id and settle the operation with it. A person decides.
+    assert op.next_reconcile_at is None
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
+    assert PaymentIntent.objects.count() == 1
+    assert PaymentIntent.objects.get().amount == 99_900
+    assert op.payload["amount_minor"] == 1250000

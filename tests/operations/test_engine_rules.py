@@ -192,6 +192,33 @@ def test_it_refuses_an_authorization_for_another_hash(acme, approver):
 
 
 @pytest.mark.django_db
+def test_it_refuses_an_authorization_that_has_already_expired(acme, approver):
+    op = prepared_payment(acme)
+    with pytest.raises(AuthorizationRefused, match="expired"):
+        operation_authorize(operation_id=op.id, approved_hash=op.payload_hash,
+                            policy_version=op.policy_version, approved_by=approver,
+                            expires_at=timezone.now() - timedelta(seconds=1))
+    op.refresh_from_db()
+    assert op.authorized_hash == "" and op.authorization_expires_at is None
+    assert not Evidence.objects.filter(operation=op, kind="authorization").exists()
+    assert not AuditEvent.objects.filter(object_id=op.id, action="operation.authorize").exists()
+
+
+@pytest.mark.django_db
+def test_it_authorizes_an_intent_once_and_never_extends_that_authorization(acme, approver):
+    op = authorized_payment(acme, approver)
+    first_expiry = op.authorization_expires_at
+    with pytest.raises(AuthorizationRefused, match="already authorized"):
+        operation_authorize(operation_id=op.id, approved_hash=op.payload_hash,
+                            policy_version=op.policy_version, approved_by=approver,
+                            expires_at=timezone.now() + timedelta(days=30))
+    op.refresh_from_db()
+    assert op.authorization_expires_at == first_expiry
+    assert Evidence.objects.filter(operation=op, kind="authorization").count() == 1
+    assert AuditEvent.objects.filter(object_id=op.id, action="operation.authorize").count() == 1
+
+
+@pytest.mark.django_db
 def test_it_makes_no_call_without_an_authorization(acme):
     op = prepared_payment(acme)
     report = operation_execute(operation_id=op.id)

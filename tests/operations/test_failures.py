@@ -1105,3 +1105,65 @@ def test_it_leaves_a_key_reused_with_other_parameters_to_a_person(acme, approver
     assert PaymentIntent.objects.count() == 1
     assert PaymentIntent.objects.get().amount == 99_900
     assert op.payload["amount_minor"] == 1250000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_queues_a_proven_absent_operation_again_when_no_worker_calls_it(
+    acme, approver, providers, monkeypatch
+):
+    op = executed_into_a_fault(acme, approver, "http_500")  # nothing written
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.may_call_again
+    op.refresh_from_db()
+    assert op.status == S.NOT_STARTED and op.next_reconcile_at is not None
+    # Its execute message is lost (the broker was down): the sweep queues it again, once
+    # the recheck interval has passed, and the call that follows carries the same key.
+    assert engine.operations_claim_waiting_for_execute() == []
+    later = timezone.now() + timedelta(minutes=2)
+    monkeypatch.setattr("django.utils.timezone.now", lambda: later)
+    assert engine.operations_claim_waiting_for_execute() == [op.id]
+    monkeypatch.undo()
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.provider_calls == 2
+    posts = list(payment_posts(op))
+    assert len(posts) == 2 and {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("retry_in", "scheduled"), [(5, True), (30, False)])
+def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_keys_retention(
+    acme, approver, monkeypatch, retry_in, scheduled
+):
+    from operations.engine import core
+    from operations.providers.base import LookupOutcome, LookupResult
+
+    op = authorized_payment(acme, approver)
+    # The lost call was made 24 hours less 15 seconds ago: the provider keeps its key for
+    # 24 hours, so a lookup later than 15 seconds from now proves nothing about it.
+    then = timezone.now() - timedelta(hours=24) + timedelta(seconds=15)
+    Attempt.objects.create(operation=op, number=1, kind="call", worker="w", started_at=then,
+                           finished_at=then, outcome="unknown",
+                           idempotency_key=op.idempotency_key)
+    Operation.objects.filter(id=op.id).update(status=S.UNKNOWN, provider_calls=1,
+                                              unknown_since=then)
+    real = core.adapter("payments.create")
+
+    class FailingLookup:
+        contract = real.contract
+
+        def lookup(self, op_):
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
+                                reason="lookup failed (http_5xx)",
+                                retry_after=timedelta(seconds=retry_in))
+
+    monkeypatch.setattr(core, "adapter", lambda action: FailingLookup())
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive" and op.status == S.UNKNOWN
+    assert (op.next_reconcile_at is not None) is scheduled
+    summary = op.evidence.filter(kind="lookup").last().summary
+    assert ("waiting for a person" in summary) is not scheduled
+    assert op.provider_calls == 1

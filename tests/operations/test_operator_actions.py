@@ -846,3 +846,57 @@ def test_it_says_what_is_wrong_with_a_filled_in_form_not_that_it_is_missing(
         f"/operations/{acme_unknown.id}/{path}", {}, HTTP_HX_REQUEST="true"
     ).content.decode()
     assert wrong in empty
+
+
+@pytest.mark.django_db
+def test_it_refuses_to_dispute_a_call_in_flight_while_its_lease_runs(acme, operator):
+    op = prepared_payment(acme, invoice_id="inv_in_flight")
+    Operation.objects.filter(id=op.id).update(
+        status="in_progress", lease_owner="w1",
+        lease_expires_at=timezone.now() + timedelta(minutes=5), provider_calls=1,
+    )
+    with pytest.raises(TransitionRefused, match="still leased"):
+        operation_dispute(operation_id=op.id, actor=operator, reason="looks stuck")
+    op.refresh_from_db()
+    # The worker's answer, due any moment, lands on its own claim, not on a person's hold.
+    assert (op.status, op.lease_owner, op.resolved_manually) == ("in_progress", "w1", False)
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert _audits(op, "operation.dispute") == 0
+
+    Operation.objects.filter(id=op.id).update(lease_expires_at=timezone.now())
+    assert operation_dispute(operation_id=op.id, actor=operator,
+                             reason="worker died").status == "disputed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_resolution_when_the_engine_moves_on_while_the_provider_is_asked(
+    acme_unknown, operator, sandbox, monkeypatch
+):
+    from operations.engine import people, webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = acme_unknown
+    payment_id = _payment_at_provider(op)
+    seen = op.status_changed_at
+    real_verify = people._reference_verify
+
+    def engine_moves_on_meanwhile(op_, **kwargs):
+        verified = real_verify(op_, **kwargs)
+        # While the operator's reference is looked up, a webhook moves the operation on.
+        assert webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_meanwhile", event_type="payment_intent.processing",
+            operation_id=op.id, status=CallOutcome.ACCEPTED))[0] == "applied"
+        return verified
+
+    monkeypatch.setattr(people, "_reference_verify", engine_moves_on_meanwhile)
+    with pytest.raises(TransitionRefused, match="not what the page showed"):
+        operation_resolve(
+            operation_id=op.id, actor=operator, outcome="succeeded",
+            evidence_text="seen in the dashboard", reason="customer asked",
+            provider_reference=payment_id, seen_status_changed_at=seen,
+        )
+    op.refresh_from_db()
+    assert op.status == "accepted" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert not Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).exists()
+    assert _audits(op, "operation.resolve_succeeded") == 0

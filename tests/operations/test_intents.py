@@ -295,6 +295,17 @@ def test_it_refuses_a_card_number_whatever_whitespace_or_dashes_separate_its_gro
     assert "card number" in secret_in_text(f"refunded to {card}")
 
 
+@pytest.mark.parametrize("card", ["4222222222222", "4222 2222 2222 2"])
+def test_it_refuses_a_thirteen_digit_card_number(card):
+    # Card numbers run from 13 digits (old Visa) to 19; the shortest is card data too.
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": "offer", "params": {"note": card}})
+    assert "card number" in secret_in_text(f"refunded to {card}")
+    # One digit short of any card length is a reference, not card data.
+    assert secret_in_text("ref 422222222222") == ""
+
+
 def test_it_masks_a_phone_number_in_a_deal_name_whatever_separates_its_groups():
     deal = {"name": "Call back +7\u00a0701\u00a0123\u00a04567", "amount_minor": 1500000,
             "currency": "EUR", "owner": "sam@acme.test"}

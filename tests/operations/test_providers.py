@@ -155,6 +155,23 @@ def test_it_is_unknown_on_connection_refused(settings):
     assert lookup.retry_after == timedelta(seconds=30)
 
 
+def test_it_never_takes_an_unreachable_provider_for_proof_that_an_object_is_gone(settings):
+    # Asked by the id the provider gave us: no answer at all is not "no such object" (404).
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
+    settings.PAYMENTS_API_BASE = "http://127.0.0.1:9/sandbox/payments"
+    settings.MAIL_API_BASE = "http://127.0.0.1:9/sandbox/mail"
+    settings.CRM_API_BASE = "http://127.0.0.1:9/sandbox/crm"
+    asked = [
+        PAYMENTS.lookup(replace(payment(), external_id="pi_known")),
+        PAYMENTS.retrieve("pi_known"),
+        adapter_for("mail.send").retrieve("msg_known"),
+        adapter_for("crm.create_deal").retrieve("deal_known"),
+    ]
+    for found in asked:
+        assert found.outcome is LookupOutcome.INCONCLUSIVE, found
+        assert found.retry_after == timedelta(seconds=30) and found.http_status is None
+
+
 def test_it_is_inconclusive_inside_the_search_lag_then_found(sandbox, settings):
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 1.5
     # The provider's index trails by less than the engine allows for, as it must in real life.
@@ -344,6 +361,23 @@ def test_it_takes_a_conflict_caused_by_its_own_earlier_update_as_success(sandbox
     assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 2
 
 
+def test_it_never_takes_a_deleted_deal_for_proof_that_its_update_never_landed(sandbox):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    adapter = adapter_for("crm.update_deal")
+    op = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1,
+                                      "patch": {"stage": "won"}})
+    assert adapter.lookup(op).outcome is LookupOutcome.ABSENT  # there, and not changed by us
+    deal.delete()
+
+    found = adapter.lookup(op)
+
+    # Whether our change landed before the deal went cannot be told: a person decides,
+    # and no automatic retry (which would PATCH a deal that is gone) follows.
+    assert found.outcome is LookupOutcome.INCONCLUSIVE
+    assert found.retry_after is None and found.http_status == 404
+    assert not sandbox_writes(provider="crm", operation_id=op.id).exists()
+
+
 def test_it_sends_mail_once_per_key_and_follows_delivery(sandbox):
     adapter = adapter_for("mail.send")
     op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
@@ -380,6 +414,18 @@ def test_it_looks_a_known_message_up_by_its_id_after_the_key_is_forgotten(sandbo
     assert found.operation_ids == (op.id,)
     assert not sandbox_requests(provider="mail", method="GET",
                                 path_endswith="/messages").exists()
+
+
+def test_it_proves_a_message_absent_by_its_key_only_while_the_provider_keeps_keys(sandbox):
+    adapter = adapter_for("mail.send")
+    op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                "params": {"invoice": "inv_44"}})
+    recent = adapter.lookup(replace(op, last_call_at=timezone.now() - timedelta(days=6)))
+    assert (recent.outcome, recent.method) == (LookupOutcome.ABSENT, LookupMethod.IDEMPOTENCY_KEY)
+    # Past the provider's 7 days an empty answer by key proves nothing: the key is forgotten.
+    forgotten = adapter.lookup(replace(op, last_call_at=timezone.now() - timedelta(days=8)))
+    assert forgotten.outcome is LookupOutcome.INCONCLUSIVE
+    assert forgotten.reason == "key retention window passed" and forgotten.retry_after is None
 
 
 def _stripe_event(op_id: str, event_type: str = "payment_intent.succeeded") -> bytes:

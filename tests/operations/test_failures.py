@@ -1167,3 +1167,39 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
     summary = op.evidence.filter(kind="lookup").last().summary
     assert ("waiting for a person" in summary) is not scheduled
     assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_expires_a_lease_that_a_new_claim_replaced_after_the_read(
+    acme, approver, providers, monkeypatch
+):
+    from django.db.models import F
+
+    from operations.engine import reconcile as reconcile_module
+
+    op = authorized_payment(acme, approver)
+    claimed = timezone.now() - timedelta(minutes=2)
+    Operation.objects.filter(id=op.id).update(
+        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="A",
+        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1)
+    real_expired = reconcile_module.lease_expired
+
+    def b_claims_after_the_read(op_):
+        expired = real_expired(op_)  # A's lease, as this reconcile read it: expired
+        if expired and op_.lease_owner == "A":
+            # Before its UPDATE: A's answer was recorded, a lookup proved absence, and B
+            # claimed the operation again, with a live lease and its call in flight.
+            Operation.objects.filter(id=op.id).update(
+                lease_owner="B", lease_expires_at=timezone.now() + timedelta(seconds=30),
+                provider_calls=F("provider_calls") + 1)
+        return expired
+
+    monkeypatch.setattr(reconcile_module, "lease_expired", b_claims_after_the_read)
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "nothing_to_do"
+    assert (op.status, op.lease_owner, op.provider_calls) == (S.IN_PROGRESS, "B", 2)
+    assert not op.evidence.filter(to_status=S.UNKNOWN).exists()
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
+    assert sandbox_counts()["requests"] == 0

@@ -1203,3 +1203,32 @@ def test_it_never_expires_a_lease_that_a_new_claim_replaced_after_the_read(
     assert not op.evidence.filter(to_status=S.UNKNOWN).exists()
     assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
     assert sandbox_counts()["requests"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_changes_a_deal_again_at_its_expected_version_once_absence_is_proven(
+    acme, approver, providers
+):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    op = engine.operation_prepare(tenant=acme, action="crm.update_deal", payload={
+        "target": deal.id, "expected_version": 1, "patch": {"stage": "won"}})
+    assert op.requires_approval  # every deal change does
+    engine.operation_authorize(
+        operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    sandbox_fault_set(provider="crm", kind="http_500", match=op.id)  # nothing applied
+    engine.operation_execute(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+
+    # The deal has not applied this operation: the expected version makes a repeat safe
+    # (a second change would be refused as a conflict), so it goes again on its own.
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.may_call_again
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+
+    op.refresh_from_db()
+    deal.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id
+    assert (deal.version, deal.stage, deal.applied_operation_ids) == (2, "won", [op.id])
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 2
+    assert op.provider_calls == 2

@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -304,6 +305,22 @@ def lookup_guarded(operation_id: str, read: Callable[[], LookupResult]) -> Looku
             reason=f"lookup raised {type(exc).__name__}",
             retry_after=timedelta(seconds=30),
         )
+
+
+def lookup_against_intent(
+    adapter: ProviderAdapter, op_snapshot: OperationSnapshot, found: LookupResult
+) -> LookupResult:
+    """A found object that names this operation but is not the effect its intent describes
+    (another sum, say) settles nothing: inconclusive, for a person, never retried by itself."""
+    if found.outcome != LookupOutcome.FOUND:
+        return found
+    mismatch = adapter.disagreement(payload=op_snapshot.payload, facts=found.result)
+    if not mismatch:
+        return found
+    return replace(
+        found, outcome=LookupOutcome.INCONCLUSIVE, status=None, retry_after=None,
+        reason=f"{mismatch}: not the approved effect; a person decides",
+    )
 
 
 _ATTEMPT_OUTCOME = {

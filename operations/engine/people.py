@@ -182,6 +182,12 @@ def _reference_problem(
             f"{', '.join(owners) or 'an operation of another tenant'}, not to {op.id}; "
             "check the reference."
         )
+    mismatch = core.adapter(op.action).disagreement(payload=op.payload, facts=found.result)
+    if mismatch:
+        return (
+            f"{mismatch}, so it is not this operation's approved effect; check the reference, "
+            "or mark the operation disputed."
+        )
     said = str(found.result.get("status") or found.status)
     settled = LOOKUP_STATUS.get(found.status)
     if settled == S.ACCEPTED:

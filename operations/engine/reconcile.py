@@ -27,6 +27,7 @@ from operations.engine.core import (
     S,
     accepted_recheck_at,
     lease_expired,
+    lookup_against_intent,
     lookup_attempt_fields,
     lookup_data,
     lookup_guarded,
@@ -130,7 +131,9 @@ def operation_reconcile(
             worker=worker_name(),
             idempotency_key=op.idempotency_key,
         )
-    found = lookup_guarded(op.id, lambda: adapter.lookup(op_snapshot))
+    found = lookup_guarded(
+        op.id, lambda: lookup_against_intent(adapter, op_snapshot, adapter.lookup(op_snapshot))
+    )
     if actor is not None:
         audit_event_record(
             actor=actor,

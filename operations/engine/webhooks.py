@@ -97,6 +97,11 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
     other_object = bool(
         facts.external_id and op.external_id and facts.external_id != op.external_id
     )
+    mismatch = (
+        core.adapter(op.action).disagreement(payload=op.payload, facts=facts.data)
+        if target is not None
+        else ""
+    )
     if op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
         if target is not None and target != op.status:
@@ -116,6 +121,12 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
             f"ignored: the event is about {facts.external_id}, the operation records "
             f"{op.external_id}; a person decides"
         )
+    elif mismatch:
+        # The event names this operation but its object is not the approved effect (another
+        # sum): applying its status would settle the operation with it. Loudly, for a person.
+        message = f"held for review: {mismatch}; {op.id} stays {op.status}, a person decides"
+        _webhook_evidence(op, facts=facts, data=data, message=message)
+        return "held", message
     elif target is None:
         message = f"ignored: {facts.event_type} carries no status"
     elif target == op.status:

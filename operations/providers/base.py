@@ -184,6 +184,12 @@ class ProviderAdapter(Protocol):
         INCONCLUSIVE (the provider could not be asked)."""
         ...
 
+    def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+        """Why an object the provider reports for this operation (found, named by a webhook,
+        or given as a reference) is not the effect its intent describes; empty when nothing
+        it reports contradicts the intent."""
+        ...
+
 
 class WebhookVerifier(Protocol):
     def parse_webhook(self, *, headers: Mapping[str, str], body: bytes) -> WebhookFacts: ...

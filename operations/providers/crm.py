@@ -126,6 +126,11 @@ class CrmCreateDealAdapter:
             external_id=str(deals[0]["id"]), matches=deals, result=deals[0], **common,
         )
 
+    def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+        # A deal is people's to edit in the CRM after it was created (its name, amount and
+        # owner): a deal that differs from the intent proves nothing against it.
+        return ""
+
     def retrieve(self, external_id: str) -> LookupResult:
         return _deal_retrieve(external_id, carried=lambda deal: [deal.get("agent_operation_id")])
 
@@ -180,6 +185,11 @@ class CrmUpdateDealAdapter:
                 reason=f"deal {target} has not applied this operation",
             )
         return found
+
+    def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+        # The deal as it is now carries every later change too: its current fields say
+        # nothing against this update (the CRM's applied_operation_ids tie it to the deal).
+        return ""
 
     def retrieve(self, external_id: str) -> LookupResult:
         return _deal_retrieve(external_id, carried=_applied_ids)

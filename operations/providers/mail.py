@@ -127,6 +127,11 @@ class MailSendAdapter:
             **common,
         )
 
+    def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+        # What the journal keeps of a message is its id and status, never its recipient or
+        # parameters (personal data): nothing of it can contradict the intent.
+        return ""
+
     def retrieve(self, external_id: str) -> LookupResult:
         def found(message: Mapping[str, Any]) -> dict[str, Any]:
             facts = _message_facts(message)

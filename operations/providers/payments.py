@@ -104,6 +104,24 @@ class PaymentsCreateAdapter:
             facts=_facts,
         )
 
+    def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+        # A payment can carry this operation's id and still move another sum: one made by
+        # hand in the provider's dashboard, or under this key by something else. It is not
+        # the approved effect, and settling the operation with it would hide that. What the
+        # provider does not report (an event without the object's amount) contradicts nothing.
+        amount, currency = facts.get("amount"), str(facts.get("currency") or "").lower()
+        expected_amount = int(payload["amount_minor"])
+        expected_currency = str(payload["currency"]).lower()
+        if (amount is None or amount == expected_amount) and (
+            not currency or currency == expected_currency
+        ):
+            return ""
+        return (
+            f"{facts.get('id') or 'the payment'} is for {amount} {currency.upper() or '?'}, "
+            f"the approved intent for {expected_amount} {expected_currency.upper()} "
+            "(minor units)"
+        )
+
     def lookup(self, op: OperationSnapshot) -> LookupResult:
         if op.external_id:
             return self.retrieve(op.external_id)

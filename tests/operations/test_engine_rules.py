@@ -433,3 +433,31 @@ def test_it_derives_the_idempotency_key_from_the_operation_never_at_random(acme,
                "command_id": "cmd_pay_11"}
     assert op.idempotency_key == idempotency_key_for(**derived)
     assert idempotency_key_for(**derived) == idempotency_key_for(**derived)
+
+
+@pytest.mark.django_db
+def test_it_holds_a_webhook_about_a_payment_for_another_sum_for_a_person(acme):
+    from tests.operations.engine_helpers import make_unknown
+
+    op = make_unknown(prepared_payment(acme))
+
+    def event(event_id: str, amount: int) -> tuple[str, str]:
+        return webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type="payment_intent.succeeded", operation_id=op.id,
+            external_id="pi_1", status=CallOutcome.SUCCEEDED,
+            data={"id": "pi_1", "status": "succeeded", "amount": amount, "currency": "kzt"}))
+
+    result, message = event("evt_other_sum", 99_900)
+
+    op.refresh_from_db()
+    assert (result, op.status, op.external_id) == ("held", S.UNKNOWN, "")
+    assert message == (
+        "held for review: pi_1 is for 99900 KZT, the approved intent for 1250000 KZT (minor "
+        f"units); {op.id} stays unknown, a person decides"
+    )
+    assert WebhookEvent.objects.get(event_id="evt_other_sum").needs_review
+    assert op.evidence.filter(summary__contains="is for 99900 KZT").count() == 1
+    # The same event for the intent's own sum settles it.
+    assert event("evt_own_sum", 1_250_000)[0] == "applied"
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, "pi_1")

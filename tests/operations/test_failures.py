@@ -1097,8 +1097,8 @@ def test_it_leaves_a_key_reused_with_other_parameters_to_a_person(acme, approver
     op.refresh_from_db()
     assert report.outcome == "called"
     assert (op.status, op.error_code) == (S.UNKNOWN, "idempotency_error")
-    # Not for an automatic lookup: it would find the other amount's payment under this
-    # operation's id and settle the operation with it. A person decides.
+    # Not for an automatic lookup: what it would find under this operation's id is the
+    # other amount's payment, which settles nothing. A person decides.
     assert op.next_reconcile_at is None
     assert op.id not in engine.operations_due_for_reconcile()
     assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
@@ -1232,3 +1232,36 @@ def test_it_changes_a_deal_again_at_its_expected_version_once_absence_is_proven(
     assert (deal.version, deal.stage, deal.applied_operation_ids) == (2, "won", [op.id])
     assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 2
     assert op.provider_calls == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_settles_an_operation_with_a_payment_for_another_sum(acme, approver, providers):
+    from dataclasses import replace
+
+    from operations.engine.core import adapter, snapshot
+    from operations.models import AttemptOutcome, EvidenceKind
+
+    op = authorized_payment(acme, approver)
+    hash_before = op.payload_hash
+    # A payment carrying this operation's id and key, for another sum (made by something
+    # else: a data incident). Our call is refused as a key reused with other parameters.
+    other = replace(snapshot(op), payload={**op.payload, "amount_minor": 99_900})
+    stray = adapter(op.action).call(other).external_id
+    assert engine.operation_execute(operation_id=op.id).status == S.UNKNOWN
+    posts = payment_posts(op).count()
+
+    # An operator's "Reconcile now": the search finds that payment under this operation's id.
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive"
+    assert (op.status, op.external_id, op.next_reconcile_at) == (S.UNKNOWN, "", None)
+    lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
+    assert (lookup.outcome, lookup.external_id) == (AttemptOutcome.INCONCLUSIVE, stray)
+    noted = op.evidence.get(kind=EvidenceKind.LOOKUP)
+    assert (f"{stray} is for 99900 KZT, the approved intent for 1250000 KZT (minor units): "
+            "not the approved effect; a person decides") in noted.summary
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert payment_posts(op).count() == posts  # the lookup made no call
+    assert PaymentIntent.objects.count() == 1
+    assert op.payload_hash == hash_before

@@ -443,10 +443,12 @@ def test_it_keeps_drafts_and_tells_a_lookup_that_settled_nothing_from_success(
 # --- a provider reference is confirmed at the provider before anything is recorded ---------
 
 
-def _payment_at_provider(op: Operation, *, amount: int = 1250000, **metadata: str) -> str:
-    """A payment the sandbox holds (made there directly, so no request is logged)."""
+def _payment_at_provider(op: Operation, *, amount: int | None = None, **metadata: str) -> str:
+    """A payment the sandbox holds (made there directly, so no request is logged); for the
+    intent's own sum unless told otherwise."""
     return sandbox_payment_create(
-        amount=amount, currency="kzt", metadata={"operation_id": op.id, **metadata},
+        amount=op.payload["amount_minor"] if amount is None else amount,
+        currency=op.payload["currency"].lower(), metadata={"operation_id": op.id, **metadata},
         confirm=True,
     )["id"]
 
@@ -636,11 +638,12 @@ def test_it_refuses_a_payment_that_names_no_operation(acme_unknown, operator, sa
     ("", "failed", "processing, not final yet"),
 ])
 def test_it_refuses_a_reference_whose_status_contradicts_the_outcome(
-    acme_unknown, operator, sandbox, settle, outcome, said
+    acme_unknown, operator, sandbox, settings, settle, outcome, said
 ):
     op = acme_unknown
-    # At the sandbox's async threshold a payment stays processing until settled.
-    payment_id = _payment_at_provider(op, amount=150_000_000)
+    # From the sandbox's async threshold on, a payment stays processing until settled.
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = op.payload["amount_minor"]
+    payment_id = _payment_at_provider(op)
     if settle:
         sandbox_payment_settle(payment_intent_id=payment_id, status=settle)
 
@@ -900,3 +903,20 @@ def test_it_refuses_a_resolution_when_the_engine_moves_on_while_the_provider_is_
     assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
     assert not Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).exists()
     assert _audits(op, "operation.resolve_succeeded") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_reference_to_a_payment_for_another_sum(acme_unknown, operator, sandbox):
+    op = acme_unknown
+    payment_id = _payment_at_provider(op, amount=99_900)
+
+    with pytest.raises(ReferenceRefused) as refused:
+        _resolve(op, operator, payment_id)
+
+    assert str(refused.value) == (
+        f"{payment_id} is for 99900 KZT, the approved intent for 1250000 KZT (minor units), so "
+        "it is not this operation's approved effect; check the reference, or mark the "
+        "operation disputed."
+    )
+    assert _requests() == 1
+    _nothing_recorded(op)

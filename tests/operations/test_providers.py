@@ -484,3 +484,18 @@ def test_it_verifies_hmac_signed_webhooks(settings, provider, header, event_type
     assert (facts.event_id, facts.operation_id, facts.external_id, facts.status) == (
         "evt_2", "op_2", "obj_1", status
     )
+
+
+def test_it_judges_a_payment_by_the_sum_and_currency_the_provider_reports():
+    intent = payment(amount_minor=1000).payload
+
+    def judged(**facts) -> str:
+        return PAYMENTS.disagreement(payload=intent, facts={"id": "pi_1", **facts})
+
+    assert judged(amount=1000, currency="eur") == ""
+    assert judged() == ""  # an event that says nothing of the sum contradicts nothing
+    assert judged(amount=1000, currency="usd") == (
+        "pi_1 is for 1000 USD, the approved intent for 1000 EUR (minor units)"
+    )
+    assert judged(amount=100_000, currency="eur").startswith("pi_1 is for 100000 EUR")
+    assert judged(amount=999) != ""

@@ -87,6 +87,9 @@ class ProviderModel:
         return LookupResult(outcome=LookupOutcome.FOUND, method=LookupMethod.UNIQUE_FIELD,
                             status=CallOutcome.SUCCEEDED, external_id=effect["id"])
 
+    def disagreement(self, *, payload, facts) -> str:
+        return ""  # the model's one effect per operation is always the intent's
+
     def effect_of(self, operation_id: str) -> dict | None:
         return next((e for e in self.effects if e["operation_id"] == operation_id), None)
 

@@ -121,3 +121,31 @@ def test_it_says_the_time_zone_of_every_time_it_shows(lineage, auditor):
         html = client.get(url).content.decode()
         assert "<th>Created (UTC)</th>" in html, url
         assert "<th>Created</th>" not in html, url
+
+
+@pytest.mark.django_db
+def test_it_never_shows_another_tenants_run_in_a_lineage(lineage, globex, auditor,
+                                                          other_tenant_user):
+    original, branch, cp, _op = lineage
+    # Rows that got there anyway (by hand): a globex run derived from acme's, and an acme
+    # run derived from globex's.
+    theirs = Run.objects.create(
+        conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
+        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=original,
+        parent_checkpoint=cp, launch_reason="globex_private_reason",
+    )
+    their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="prepare_payment",
+                                         state={}, state_hash="sha256:" + "b" * 64)
+    adopted = Run.objects.create(
+        conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
+        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
+        parent_checkpoint=their_cp, launch_reason="retry",
+    )
+    html = signed_in(auditor).get(f"/runs/{original.id}/").content.decode()
+    assert branch.id in html and theirs.id not in html
+    assert "globex_private_reason" not in html
+    html = signed_in(auditor).get(f"/runs/{adopted.id}/").content.decode()
+    assert theirs.id not in html and their_cp.id not in html and original.id not in html
+    assert "a run of another tenant" in html
+    html = signed_in(other_tenant_user).get(f"/runs/{theirs.id}/").content.decode()
+    assert original.id not in html and adopted.id not in html

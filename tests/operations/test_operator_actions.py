@@ -920,3 +920,65 @@ def test_it_refuses_a_reference_to_a_payment_for_another_sum(acme_unknown, opera
     )
     assert _requests() == 1
     _nothing_recorded(op)
+
+
+# --- a permission counts on the operation's own tenant only ------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["resolve", "dispute", "reconcile"])
+def test_it_refuses_an_action_the_user_may_take_only_on_another_tenant(
+    acme_unknown, globex, approver, path
+):
+    from console.roles import role_grant
+
+    # Sees acme (approver there) and operates globex: neither makes them acme's operator.
+    role_grant(user=approver, role="Operator", tenant=globex)
+    op = acme_unknown
+    response = signed_in(approver).post(f"/operations/{op.id}/{path}", ACTION_FORMS)
+    assert response.status_code == 403
+    op.refresh_from_db()
+    assert op.status == "unknown" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op).exists()
+    assert not Attempt.objects.filter(operation=op).exists()
+    assert not AuditEvent.objects.filter(object_id=op.id).exclude(
+        action="operation.prepare").exists()
+
+
+@pytest.mark.django_db
+def test_it_refuses_operators_work_to_any_caller_of_the_services_without_the_permission(
+    acme_unknown, approver, other_tenant_user
+):
+    from django.core.exceptions import PermissionDenied
+
+    from operations.engine import operation_reconcile
+
+    op = acme_unknown
+    # The views check first; the engine checks again, for every other caller (the CLI, tasks).
+    for actor in (approver, other_tenant_user):
+        with pytest.raises(PermissionDenied, match="operate_operations on acme"):
+            operation_resolve(operation_id=op.id, actor=actor, outcome="failed",
+                              evidence_text="bank statement", reason="checked")
+        with pytest.raises(PermissionDenied, match="operate_operations on acme"):
+            operation_dispute(operation_id=op.id, actor=actor, reason="customer disputes")
+        with pytest.raises(PermissionDenied, match="operate_operations on acme"):
+            operation_reconcile(operation_id=op.id, actor=actor, reason="look again")
+    op.refresh_from_db()
+    assert op.status == "unknown" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op).exists()
+    assert not Attempt.objects.filter(operation=op).exists()  # the provider was not asked
+    assert not AuditEvent.objects.filter(object_id=op.id).exclude(
+        action="operation.prepare").exists()
+
+
+@pytest.mark.django_db
+def test_it_keeps_the_page_masked_when_it_refuses_a_form(acme, operator):
+    op = make_unknown(prepared_payment(acme, beneficiary_id="acct_40817810099910004312"))
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/resolve", {**TEXT_ONLY, "resolve-reason": ""}
+    )
+    html = response.content.decode()
+    assert response.status_code == 400 and "This field is required." in html
+    # The whole page again, as masked as the one the operator posted from.
+    assert "40817810099910004312" not in html and "••••4312" in html
+    assert not AuditEvent.objects.filter(action="operation.view_unmasked").exists()

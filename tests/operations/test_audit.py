@@ -221,3 +221,26 @@ def test_it_says_why_a_page_is_not_permitted_and_leads_back(trail, approver):
     assert response.status_code == 403
     assert "the audit trail needs the auditor or admin role" in html
     assert 'href="/">Back to the dashboard</a>' in html and 'aria-label="Main"' in html
+
+
+@pytest.mark.django_db
+def test_it_shows_and_exports_only_the_tenants_where_the_user_holds_the_audit_role(
+    trail, acme, globex
+):
+    from console.roles import role_grant
+    from tests.factories import UserFactory
+
+    # Audits acme; on globex only approves, which shows globex's queue, not its trail.
+    dana = UserFactory(username="dana")
+    role_grant(user=dana, role="Auditor", tenant=acme)
+    role_grant(user=dana, role="Approver", tenant=globex)
+    client = Client()
+    client.force_login(dana)
+
+    html = client.get("/audit/").content.decode()
+    assert "apr_6" in html and "apr_g" not in html
+    response = client.get("/audit.csv")
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert response.status_code == 200 and len(rows) > 1
+    assert "apr_g" not in {row[6] for row in rows}
+    assert {row[3] for row in rows[1:]} == {"acme"}

@@ -330,3 +330,22 @@ def test_it_keeps_an_approval_and_runs_it_later_when_the_broker_is_down(
     assert tasks.sweep_operations() == 1
     assert queued == [op.id]
     assert tasks.sweep_operations() == 0  # claimed: not queued at every sweep
+
+
+def test_it_records_who_why_and_the_status_before_and_after_each_decision(
+    acme, approver, prepare_payment, no_execute
+):
+    approved = prepare_payment(acme)
+    rejected = prepare_payment(acme, invoice_id="inv_2")
+    approval_approve(approval_id=approved.id, actor=approver, comment="invoice matches the PO")
+    approval_reject(approval_id=rejected.id, actor=approver, reason="wrong vendor")
+
+    (event,) = _audits("approval.approve", approved)
+    assert (event.actor, event.tenant, event.reason) == (approver, acme, "invoice matches the PO")
+    assert event.before == {"status": "pending"}
+    assert event.after == {"operation": approved.operation_id, "status": "approved",
+                           "payload_hash": approved.payload_hash}
+    (event,) = _audits("approval.reject", rejected)
+    assert (event.actor, event.tenant, event.reason) == (approver, acme, "wrong vendor")
+    assert event.before == {"status": "pending"}
+    assert event.after == {"operation": rejected.operation_id, "status": "rejected"}

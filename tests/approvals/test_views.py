@@ -459,3 +459,38 @@ def test_it_shows_why_the_replaced_intent_was_rejected_on_the_changed_ones_card(
     detail = client.get(reverse("approvals:detail", args=[new.id])).content.decode()
     assert "<th>Reason or comment</th>" in detail
     assert "<td>wrong amount, see contract</td>" in detail
+
+
+def test_it_counts_and_offers_nothing_of_another_tenant_in_the_queue(
+    acme, globex, approver, prepare_payment, no_execute
+):
+    from django.utils import timezone
+
+    mine = prepare_payment(acme)
+    prepare_payment(globex)
+    decided = prepare_payment(globex, invoice_id="inv_decided")
+    Approval.objects.filter(id=decided.id).update(
+        status=ApprovalStatus.APPROVED, decided_at=timezone.now())
+
+    response = signed_in(approver).get(reverse("approvals:queue"))
+
+    counts = {status: n for status, _label, n in response.context["counts"]}
+    assert counts["pending"] == 1 and counts["approved"] == 0
+    html = response.content.decode()
+    assert mine.id in html
+    # The tenant filter names the user's own tenants only.
+    assert 'value="acme"' in html and "globex" not in html.lower()
+
+
+def test_it_offers_the_decision_buttons_only_to_those_who_may_decide(
+    acme, approver, auditor, prepare_payment
+):
+    approval = prepare_payment(acme)
+    pages = [reverse("approvals:queue"), reverse("approvals:detail", args=[approval.id])]
+    for page in pages:
+        html = signed_in(approver).get(page).content.decode()
+        assert _approve_url(approval) in html, page
+        # The auditor reads the same card, without the buttons the server would refuse.
+        html = signed_in(auditor).get(page).content.decode()
+        assert approval.id in html and _approve_url(approval) not in html, page
+        assert reverse("approvals:reject", args=[approval.id]) not in html, page

@@ -120,3 +120,88 @@ def test_it_signs_in_a_demo_style_user_and_shows_their_roles(approver):
     assert response.status_code == 302
     page = client.get("/").content.decode()
     assert "approver" in page and "Approver" in page
+
+
+@pytest.fixture
+def both_tenants(acme, globex):
+    """In each tenant: an unknown payment to a long account number, in a run, with a pending
+    approval request beside it."""
+    from operations.engine import operation_prepare
+    from operations.models import Run
+    from tests.operations.engine_helpers import make_unknown
+
+    made = {}
+    for tenant in (acme, globex):
+        run = Run.objects.create(conversation_id=f"conv_{tenant.slug}", tenant=tenant,
+                                 workflow_name="pay_invoices", workflow_version=1,
+                                 state_schema_version=1)
+        payload = {"invoice_id": f"inv_{tenant.slug}", "amount_minor": 1_250_000,
+                   "currency": "KZT", "beneficiary_id": f"acct_4081781009991000{tenant.id:04d}"}
+        unknown = make_unknown(operation_prepare(
+            tenant=tenant, action="payments.create", payload=payload, run=run))
+        waiting = operation_prepare(tenant=tenant, action="payments.create",
+                                    payload={**payload, "invoice_id": f"inv_{tenant.slug}_2"})
+        made[tenant.slug] = {"run": run, "unknown": unknown, "waiting": waiting,
+                             "account": payload["beneficiary_id"]}
+    return made
+
+
+LISTS = ["/", "/operations/", "/operations/unknown/", "/approvals/", "/runs/",
+         "/operations/?status=unknown"]
+
+
+@pytest.mark.django_db
+def test_it_names_nothing_of_another_tenant_on_any_list(both_tenants, operator, approver):
+    theirs = both_tenants["globex"]
+    mine = both_tenants["acme"]
+    for user in (operator, approver):
+        client = Client()
+        client.force_login(user)
+        for url in [*LISTS, f"/runs/{mine['run'].id}/"]:
+            response = client.get(url)
+            html = response.content.decode()
+            assert response.status_code == 200, url
+            # Not its rows, nor its name in a filter or a count.
+            assert "globex" not in html.lower(), (user.username, url)
+            for obj in (theirs["run"], theirs["unknown"], theirs["waiting"]):
+                assert obj.id not in html, (user.username, url)
+
+
+@pytest.mark.django_db
+def test_it_masks_the_intent_on_every_list_even_for_those_who_may_unmask(
+    both_tenants, admin_user
+):
+    from operations.models import AuditEvent
+
+    mine = both_tenants["acme"]
+    client = Client()
+    client.force_login(admin_user)
+    pages = [*LISTS, f"/runs/{mine['run'].id}/"]
+    for url in pages + [f"{url}{'&' if '?' in url else '?'}unmasked=1" for url in pages]:
+        html = client.get(url).content.decode()
+        assert mine["account"] not in html, url
+    # The pages that do list the intents show them, masked.
+    for url in ("/operations/", "/operations/unknown/", "/approvals/",
+                f"/runs/{mine['run'].id}/"):
+        html = client.get(url).content.decode()
+        assert "••••" + mine["account"][-4:] in html, url
+    assert not AuditEvent.objects.filter(action__endswith="view_unmasked").exists()
+
+
+@pytest.mark.django_db
+def test_it_grants_nothing_through_a_permission_given_on_the_model_not_a_tenant(
+    both_tenants, stranger
+):
+    from django.contrib.auth.models import Permission
+
+    # Given in /admin/ on the user, not per tenant: roles are per tenant, so this is none.
+    stranger.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="operations", codename__in=["view_tenant", "view_audit"]))
+    client = Client()
+    client.force_login(stranger)
+    for url in LISTS:
+        html = client.get(url).content.decode()
+        for made in both_tenants.values():
+            assert made["unknown"].id not in html and made["waiting"].id not in html, url
+    assert client.get("/audit/").status_code == 403
+    assert client.get(f"/operations/{both_tenants['acme']['unknown'].id}/").status_code == 404

@@ -405,3 +405,30 @@ def test_it_says_a_status_stayed_rather_than_naming_it_alone_in_the_timeline(
     html = signed_in(operator).get(f"/operations/{acme_unknown.id}/").content.decode()
     assert "Webhook: stays unknown" in html
     assert "Webhook: unknown<" not in html
+
+
+@pytest.mark.django_db
+def test_it_counts_on_the_dashboard_only_what_happened_in_visible_tenants(
+    acme, globex, operator, other_tenant_user
+):
+    from operations.engine import operation_dispute, operation_resolve
+
+    # Everything the dashboard counts, in globex only.
+    conflict = prepared_payment(globex, invoice_id="inv_c")
+    Operation.objects.filter(id=conflict.id).update(
+        status="failed", error_code="version_conflict", provider_calls=1)
+    Attempt.objects.create(operation=conflict, number=1, kind="call", outcome="failed",
+                           http_status=409, error_class="version_conflict")
+    operation_dispute(operation_id=conflict.id, actor=other_tenant_user, reason="checking")
+    operation_resolve(operation_id=conflict.id, actor=other_tenant_user, outcome="succeeded",
+                      evidence_text="the CRM shows our change", reason="checked")
+    make_unknown(prepared_payment(globex, invoice_id="inv_u"))
+    theirs = signed_in(other_tenant_user).get("/").context["metrics"]
+    assert theirs["version_conflicts"] == 1 and theirs["manual_resolutions"] == 1
+    assert theirs["unknown_count"] == 1 and theirs["total"] == 2
+
+    mine = signed_in(operator).get("/").context["metrics"]
+
+    assert mine["version_conflicts"] == 0 and mine["manual_resolutions"] == 0
+    assert mine["unknown_count"] == 0 and mine["total"] == 0
+    assert mine["unknown_oldest_since"] is None and mine["reconcile_p50"] is None

@@ -99,3 +99,31 @@ def test_it_replays_the_audited_grants_made_before_roles_were_recorded_per_tenan
         roles = new.get_model("operations", "TenantRole").objects.values_list(
             "user__username", "tenant__slug", "role")
         assert list(roles) == [("dana", "acme", "Operator")]
+
+
+@pytest.mark.django_db
+def test_it_gives_each_role_exactly_its_permissions_on_the_tenant(acme):
+    from guardian.shortcuts import get_perms
+
+    call_command("setup_roles")
+    expected = {
+        # The auditor only reads; redelivery and unmasking are the admin's alone.
+        "auditor": {"view_tenant", "view_audit", "export_audit"},
+        "approver": {"view_tenant", "approve_intents"},
+        "operator": {"view_tenant", "operate_operations", "replay_runs"},
+        "admin": {"view_tenant", "approve_intents", "operate_operations", "replay_runs",
+                  "view_audit", "export_audit", "redeliver_effects",
+                  "replay_live_irreversible", "view_unmasked"},
+    }
+    for role, perms in expected.items():
+        user = UserFactory(username=f"the_{role}")
+        call_command("grant", user.username, role, "acme", "--reason", "onboarding")
+        assert set(get_perms(user, acme)) == perms, role
+        event = AuditEvent.objects.get(action="role.grant", object_id=user.username)
+        assert event.reason == "onboarding" and set(event.after["permissions"]) == perms
+
+    call_command("grant", "--revoke", "the_auditor", "auditor", "acme", "--reason", "moved")
+    event = AuditEvent.objects.get(action="role.revoke", object_id="the_auditor")
+    assert event.before == {"role": "Auditor"} and event.reason == "moved"
+    auditor = type(UserFactory.build()).objects.get(username="the_auditor")
+    assert get_perms(auditor, acme) == []

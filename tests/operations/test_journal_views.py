@@ -432,3 +432,16 @@ def test_it_counts_on_the_dashboard_only_what_happened_in_visible_tenants(
     assert mine["version_conflicts"] == 0 and mine["manual_resolutions"] == 0
     assert mine["unknown_count"] == 0 and mine["total"] == 0
     assert mine["unknown_oldest_since"] is None and mine["reconcile_p50"] is None
+
+
+@pytest.mark.django_db
+def test_it_counts_the_unknowns_beyond_the_queue_page_in_visible_tenants_only(
+    acme, globex, operator, monkeypatch
+):
+    monkeypatch.setattr("operations.views.UNKNOWN_QUEUE_SIZE", 1)
+    for i in range(2):
+        make_unknown(prepared_payment(acme, invoice_id=f"inv_a{i}"))
+    for i in range(3):
+        make_unknown(prepared_payment(globex, invoice_id=f"inv_g{i}"))
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert "Showing the oldest 1 of 2 unknown operations" in html

@@ -38,6 +38,20 @@ def payment_posts(op: Operation):
     return sandbox_writes(provider="payments", operation_id=op.id)
 
 
+def died_mid_call(op: Operation, *, claimed) -> Operation:
+    """What a worker killed mid-call leaves: its claim, with a 30 s lease from `claimed`,
+    and a call attempt with no answer."""
+    Operation.objects.filter(id=op.id).update(
+        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
+        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
+        next_reconcile_at=None)
+    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
+                                     worker="dead:1", idempotency_key=op.idempotency_key)
+    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
+    op.refresh_from_db()
+    return op
+
+
 def executed_into_a_fault(tenant, approver, kind: str) -> Operation:
     """An approved payment executed once while the sandbox answers with `kind`."""
     op = authorized_payment(tenant, approver)
@@ -971,15 +985,7 @@ def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_
     op = authorized_payment(acme, approver)
     # What a worker killed mid-call leaves: its claim with a lease that ran out, a call
     # attempt with no answer, and a payment the provider committed. No message redelivered.
-    claimed = timezone.now() - timedelta(minutes=2)
-    Operation.objects.filter(id=op.id).update(
-        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
-        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
-        next_reconcile_at=None)
-    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
-                                     worker="dead:1", idempotency_key=op.idempotency_key)
-    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
-    op.refresh_from_db()
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=2))
     assert adapter(op.action).call(snapshot(op)).external_id  # committed at the provider
 
     outcomes: list[str] = []
@@ -1056,14 +1062,7 @@ def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_coul
     # A worker claimed 70 s ago and died without an answer; its call may have reached the
     # provider as late as its claim plus call_reach() (31 s here), and did commit.
     claimed = timezone.now() - timedelta(seconds=70)
-    Operation.objects.filter(id=op.id).update(
-        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
-        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
-        next_reconcile_at=None)
-    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
-                                     worker="dead:1", idempotency_key=op.idempotency_key)
-    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
-    op.refresh_from_db()
+    op = died_mid_call(op, claimed=claimed)
     assert adapter(op.action).call(snapshot(op)).external_id
     # The provider's search does not show it yet (its lag, from when the call could land).
     sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)

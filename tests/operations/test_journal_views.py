@@ -21,6 +21,16 @@ def journal(acme, globex):
     }
 
 
+
+def _version_conflict(tenant) -> Operation:
+    """An operation whose one call the provider refused for a version conflict."""
+    conflict = prepared_payment(tenant, invoice_id="inv_c")
+    Operation.objects.filter(id=conflict.id).update(
+        status="failed", error_code="version_conflict", provider_calls=1)
+    Attempt.objects.create(operation=conflict, number=1, kind="call", outcome="failed",
+                           http_status=409, error_class="version_conflict")
+    return conflict
+
 @pytest.mark.django_db
 def test_it_lists_only_operations_of_granted_tenants(
     journal, approver, other_tenant_user, stranger
@@ -316,11 +326,7 @@ def test_it_measures_reconcile_time_and_resolutions_over_findings_of_visible_ten
     elsewhere = make_unknown(prepared_payment(globex, invoice_id="inv_g"), ago=timedelta(hours=9))
     operation_resolve(operation_id=elsewhere.id, actor=other_tenant_user, outcome="failed",
                       evidence_text="refused", reason="checked")
-    conflict = prepared_payment(acme, invoice_id="inv_c")
-    Operation.objects.filter(id=conflict.id).update(
-        status="failed", error_code="version_conflict", provider_calls=1)
-    Attempt.objects.create(operation=conflict, number=1, kind="call", outcome="failed",
-                           http_status=409, error_class="version_conflict")
+    conflict = _version_conflict(acme)
     # A person settles it later; the conflict still counts.
     operation_dispute(operation_id=conflict.id, actor=operator, reason="checking the deal")
     operation_resolve(operation_id=conflict.id, actor=operator, outcome="succeeded",
@@ -414,11 +420,7 @@ def test_it_counts_on_the_dashboard_only_what_happened_in_visible_tenants(
     from operations.engine import operation_dispute, operation_resolve
 
     # Everything the dashboard counts, in globex only.
-    conflict = prepared_payment(globex, invoice_id="inv_c")
-    Operation.objects.filter(id=conflict.id).update(
-        status="failed", error_code="version_conflict", provider_calls=1)
-    Attempt.objects.create(operation=conflict, number=1, kind="call", outcome="failed",
-                           http_status=409, error_class="version_conflict")
+    conflict = _version_conflict(globex)
     operation_dispute(operation_id=conflict.id, actor=other_tenant_user, reason="checking")
     operation_resolve(operation_id=conflict.id, actor=other_tenant_user, outcome="succeeded",
                       evidence_text="the CRM shows our change", reason="checked")

@@ -19,6 +19,7 @@ from operations.providers.base import (
     OperationSnapshot,
     ToolContract,
     WebhookFacts,
+    WebhookSignatureError,
 )
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
 from operations.providers.transport import (
@@ -188,6 +189,9 @@ class PaymentsWebhookVerifier:
         )
         event = signed_event_parse(body, what="Stripe")
         metadata = event.object.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            # Signed but not Stripe's shape: refused (400) like any malformed event, not a 500.
+            raise WebhookSignatureError("signed Stripe event has metadata that is not an object")
         return WebhookFacts(
             event_id=event.id,
             event_type=event.type,

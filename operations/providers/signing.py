@@ -16,6 +16,10 @@ from operations.providers.base import WebhookSignatureError
 # Stripe's default: a signed timestamp older than this is refused, so a captured request
 # cannot be replayed later.
 STRIPE_TOLERANCE_SECONDS = 300
+# The widths of WebhookEvent's event_id/external_id and event_type columns: a longer value
+# would fail the INSERT (a 500, which the provider retries for days) instead of a 400.
+EVENT_ID_MAX = 120
+EVENT_TYPE_MAX = 80
 
 
 def _hmac_hex(secret: str, payload: bytes) -> str:
@@ -106,11 +110,19 @@ def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
     try:
         event = json.loads(body)
         obj = event["data"]["object"]
-        event_id = str(event["id"])
+        event_id = event["id"]
     except (ValueError, KeyError, TypeError):
         raise WebhookSignatureError(f"signed body is not a {what} event") from None
     if not isinstance(obj, dict):
         raise WebhookSignatureError(f"signed body is not a {what} event")
+    # The id is what deduplicates: a null or empty one, stored once, would make every later
+    # id-less event its "duplicate", answered 200 and never applied.
+    if not isinstance(event_id, str) or not event_id.strip() or len(event_id) > EVENT_ID_MAX:
+        raise WebhookSignatureError(f"signed {what} event has no usable id")
+    too_long = (len(str(event.get("type", ""))) > EVENT_TYPE_MAX
+                or len(str(obj.get("id", ""))) > EVENT_ID_MAX)
+    if too_long:
+        raise WebhookSignatureError(f"signed {what} event has a type or object id too long")
     created = event.get("created")
     try:
         created_at = None if created is None else datetime.fromtimestamp(int(created), tz=UTC)

@@ -1264,3 +1264,90 @@ def test_it_never_settles_an_operation_with_a_payment_for_another_sum(acme, appr
     assert payment_posts(op).count() == posts  # the lookup made no call
     assert PaymentIntent.objects.count() == 1
     assert op.payload_hash == hash_before
+
+
+def _signed_stripe_post(client, settings, body: bytes, *, header: str | None = None):
+    from operations.providers.signing import stripe_signature_header
+
+    signature = header if header is not None else stripe_signature_header(
+        secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body)
+    return client.post("/webhooks/payments/", data=body, content_type="application/json",
+                       HTTP_STRIPE_SIGNATURE=signature)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_applies_a_signed_event_once_and_answers_its_duplicate_200(
+    acme, approver, providers, client, settings
+):
+    op = async_payment(acme, approver)
+    body = json.dumps({
+        "id": "evt_twice", "object": "event", "type": "payment_intent.succeeded",
+        "created": int(time.time()),
+        "data": {"object": {"id": op.external_id, "status": "succeeded", "amount": 150_000_000,
+                            "currency": "kzt", "metadata": {"operation_id": op.id}}},
+    }).encode()
+
+    first = _signed_stripe_post(client, settings, body)
+    again = _signed_stripe_post(client, settings, body)
+
+    # A duplicate is answered 2xx too: anything else and the provider resends it for days.
+    assert (first.status_code, first.json()["result"]) == (200, "applied")
+    assert (again.status_code, again.json()["result"]) == (200, "duplicate")
+    event = WebhookEvent.objects.get()
+    assert (event.event_id, event.deliveries, event.applied) == ("evt_twice", 2, True)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"[]",
+        b'{"type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": null, "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": ["pi_1"]}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": "op_1"}}}',
+        b'{"id": "evt_' + b"1" * 120 + b'", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.' + b"x" * 80 + b'", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_' + b"1" * 120 + b'"}}}',
+    ],
+    ids=["not-json", "not-an-object", "no-id", "null-id", "empty-id", "no-data",
+         "object-not-an-object", "metadata-not-an-object", "id-too-long", "type-too-long",
+         "object-id-too-long"],
+)
+def test_it_answers_400_and_stores_nothing_for_a_signed_body_that_is_not_an_event(
+    client, settings, body
+):
+    # Signed by the provider, yet nothing we can deduplicate or store: an event without an
+    # id, stored once, would make every later id-less event its "duplicate"; a value wider
+    # than its column would fail the INSERT with a 500, which the provider retries for days.
+    response = _signed_stripe_post(client, settings, body)
+    assert response.status_code == 400
+    assert WebhookEvent.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_it_answers_404_to_an_unknown_provider_and_405_to_a_get(client, settings):
+    from operations.providers.signing import hmac_signature_header
+
+    body = b'{"id": "evt_1", "type": "deal.updated", "created": 1, "data": {"object": {}}}'
+    unknown = client.post("/webhooks/bank/", data=body, content_type="application/json",
+                          HTTP_X_CRM_SIGNATURE=hmac_signature_header(
+                              secret=settings.CRM_WEBHOOK_SECRET, body=body))
+    assert unknown.status_code == 404 and "unknown provider 'bank'" in unknown.json()["error"]
+    assert client.get("/webhooks/payments/").status_code == 405
+    assert WebhookEvent.objects.count() == 0

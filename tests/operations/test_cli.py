@@ -229,3 +229,38 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
         assert len(lines) == 1, result.stderr
         assert message in lines[0] and "Traceback" not in result.stderr
     assert Operation.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_run_of_another_tenant(acme, globex):
+    theirs = Run.objects.create(conversation_id="conv_g", tenant=globex, workflow_name="pay",
+                                workflow_version=1, state_schema_version=1)
+    with pytest.raises(CommandError, match=f"no run '{theirs.id}' in tenant acme"):
+        _run(*prepare_args(extra=("--run", theirs.id)))
+    assert not Operation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_payment):
+    from operations.models import Attempt
+
+    Attempt.objects.create(operation=acme_payment, number=1, kind="lookup", outcome="found",
+                           http_status=200, external_id="pi_9")
+    data = json.loads(_run("show", acme_payment.id, "--json"))
+    op = acme_payment
+    assert data == {
+        "operation_id": op.id, "tenant": "acme", "action": "payments.create",
+        "status": "not_started", "external_id": "", "provider_request_id": "",
+        "payload_hash": op.payload_hash, "idempotency_key": op.idempotency_key,
+        "policy_version": op.policy_version, "run_id": None, "command_id": "",
+        "supersedes": None, "resolved_manually": False, "error_code": "",
+        "provider_calls": 0, "created_at": op.created_at.isoformat(),
+        "attempts": [{"number": 1, "kind": "lookup", "outcome": "found", "http_status": 200,
+                      "external_id": "pi_9", "started_at": data["attempts"][0]["started_at"]}],
+    }
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_list_limit_below_one(acme_payment):
+    with pytest.raises(CommandError, match="--limit must be at least 1"):
+        _run("list", "--status", "not_started", "--limit", "0")

@@ -17,6 +17,7 @@ from operations.providers.base import (
     WebhookSignatureError,
 )
 from operations.providers.signing import hmac_signature_header, stripe_signature_header
+from operations.providers.transport import Answer, call_failure, call_result
 from operations.sandbox.models import Deal, Message, PaymentIntent
 from operations.sandbox.selectors import (
     sandbox_requests,
@@ -499,3 +500,83 @@ def test_it_judges_a_payment_by_the_sum_and_currency_the_provider_reports():
     )
     assert judged(amount=100_000, currency="eur").startswith("pi_1 is for 100000 EUR")
     assert judged(amount=999) != ""
+
+
+def test_it_accepts_a_stripe_signature_by_any_secret_in_rotation_and_no_other(settings):
+    # While a secret rolls over Stripe signs with both: the header carries one v1= per secret,
+    # and the one made with ours may come second.
+    verifier = webhook_verifier_for("payments")
+    body = _stripe_event("op_1")
+    t = int(time.time())
+    ours = stripe_signature_header(secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body,
+                                   timestamp=t).split(",v1=")[1]
+    theirs = stripe_signature_header(secret="whsec_old", body=body, timestamp=t).split(",v1=")[1]
+    for header in (f"t={t},v1={theirs},v1={ours}", f"t={t},v1={ours},v1={theirs}"):
+        facts = verifier.parse_webhook(headers={"Stripe-Signature": header}, body=body)
+        assert facts.event_id == "evt_1"
+    for header in (f"t={t},v1={theirs},v1={'0' * 64}", f"t={t},v0={ours}", f"v1={ours}"):
+        with pytest.raises(WebhookSignatureError):
+            verifier.parse_webhook(headers={"Stripe-Signature": header}, body=body)
+
+
+def test_it_refuses_an_hmac_signature_header_of_another_scheme(settings):
+    body = json.dumps({"id": "evt_3", "type": "deal.updated", "created": 1,
+                       "data": {"object": {"id": "deal_1"}}}).encode()
+    digest = hmac_signature_header(secret=settings.CRM_WEBHOOK_SECRET, body=body).split("=", 1)[1]
+    verifier = webhook_verifier_for("crm")
+    for header in (f"md5={digest}", digest, "sha256="):
+        with pytest.raises(WebhookSignatureError):
+            verifier.parse_webhook(headers={"X-CRM-Signature": header}, body=body)
+    assert verifier.parse_webhook(headers={"X-CRM-Signature": f"sha256={digest}"},
+                                  body=body).event_id == "evt_3"
+
+
+def test_it_links_a_deal_update_event_to_the_update_not_to_the_deals_create(settings):
+    # The deal keeps the id of the operation that created it; an update names its own.
+    body = json.dumps({
+        "id": "evt_4", "type": "deal.updated", "created": 1_700_000_000,
+        "operation_id": "op_update",
+        "data": {"object": {"id": "deal_1", "agent_operation_id": "op_create"}},
+    }).encode()
+    facts = webhook_verifier_for("crm").parse_webhook(
+        headers={"X-CRM-Signature": hmac_signature_header(secret=settings.CRM_WEBHOOK_SECRET,
+                                                          body=body)},
+        body=body,
+    )
+    assert (facts.operation_id, facts.external_id) == ("op_update", "deal_1")
+
+
+def test_it_links_a_mail_event_by_the_operation_its_message_carries(settings):
+    body = json.dumps({
+        "id": "evt_5", "type": "message.delivered", "created": 1_700_000_000,
+        "data": {"object": {"id": "msg_1", "operation_id": "op_mail"}},
+    }).encode()
+    facts = webhook_verifier_for("mail").parse_webhook(
+        headers={"X-Mail-Signature": hmac_signature_header(secret=settings.MAIL_WEBHOOK_SECRET,
+                                                           body=body)},
+        body=body,
+    )
+    assert (facts.operation_id, facts.external_id, facts.status) == (
+        "op_mail", "msg_1", CallOutcome.SUCCEEDED)
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome", "error_class"),
+    [
+        (Answer(None, transport_error="timeout"), CallOutcome.UNKNOWN, "timeout"),
+        (Answer(None, transport_error="connection"), CallOutcome.UNKNOWN, "connection"),
+        (Answer(503), CallOutcome.UNKNOWN, "http_5xx"),
+        (Answer(429), CallOutcome.UNKNOWN, "rate_limited"),
+        (Answer(409), CallOutcome.UNKNOWN, "concurrent_request"),
+        (Answer(302), CallOutcome.UNKNOWN, "unexpected_status"),
+        (Answer(422), CallOutcome.FAILED, "validation"),
+    ],
+)
+def test_it_calls_only_a_4xx_refusal_a_definite_failure(answer, outcome, error_class):
+    # Anything but a provider's plain refusal may have landed: unknown, to be looked up.
+    assert not answer.ok
+    assert call_failure(answer)[:2] == (outcome, error_class)
+    result = call_result(answer, sent={"amount": 1}, outcome=lambda body: CallOutcome.SUCCEEDED,
+                         facts=dict)
+    assert (result.outcome, result.error_class, result.external_id) == (
+        outcome, error_class, "")

@@ -340,3 +340,81 @@ def test_it_refuses_text_with_an_unpaired_surrogate_as_an_intent_error(action, p
     with pytest.raises(IntentError, match="unpaired surrogate") as refused:
         intent_validate(action=action, payload=payload)
     str(refused.value).encode("utf-8")  # the refusal itself can be printed
+
+
+DEAL = {"name": "Renewal", "amount_minor": 1500000, "currency": "EUR", "owner": "sam@acme.test"}
+MAIL = {"to": "anna@example.com", "template": "offer", "params": {}}
+
+
+@pytest.mark.parametrize(
+    ("action", "payload", "message"),
+    [
+        ("crm.create_deal", {**DEAL, "amount_minor": -1}, "amount_minor must be at least 0"),
+        ("crm.update_deal", {**DEAL_CHANGE, "expected_version": -1},
+         "expected_version must be at least 0"),
+        ("payments.create", {**PAYMENT, "currency": "EURO"}, "ISO 4217"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"currency": "EURO"}}, "ISO 4217"),
+        ("payments.create", {**PAYMENT, "invoice_id": " \t"}, "invoice_id must not be empty"),
+        ("mail.send", {**MAIL, "template": ""}, "template must not be empty"),
+        ("mail.send", {**MAIL, "to": "anna"}, "to must be an email address"),
+        ("mail.send", {**MAIL, "to": "anna@localhost"}, "to must be an email address"),
+        ("crm.update_deal", {**DEAL_CHANGE, "expected_version": False},
+         "expected_version must be an integer"),
+        ("mail.send", {**MAIL, "params": {"n": -(2**53)}}, "integers must be within"),
+        ("mail.send", {**MAIL, "params": {"n": 0.5}}, "floats are not allowed"),
+    ],
+)
+def test_it_refuses_an_intent_outside_its_schema(action, payload, message):
+    with pytest.raises(IntentError, match=message):
+        intent_validate(action=action, payload=payload)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["password", "passwd", "secret", "token", "api_key", "apikey", "card_number", "cardNumber",
+     "pan", "cvv", "cvc", "iban_full", "card.cvv", "Card-CVC"],
+)
+def test_it_refuses_every_field_named_like_a_secret_or_card_data(name):
+    with pytest.raises(IntentError, match="a field named like a secret"):
+        intent_validate(action="mail.send", payload={**MAIL, "params": {name: "x"}})
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        ("rk_test_abcdefgh1234", "an API secret key"),
+        ("whsec_abcdefgh1234", "a webhook secret"),
+        ("-----BEGIN RSA PRIVATE KEY-----", "a private key"),
+        ("Bearer abcdefghijklmnop1234", "a bearer token"),
+        ("eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl", "a JWT"),
+        ("ghp_" + "a" * 20, "an access token"),
+        ("xoxb-1234567890", "an access token"),
+        ("AKIAABCDEFGHIJKLMNOP", "a cloud access key"),
+    ],
+)
+def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
+    with pytest.raises(IntentError, match=f"looks like {what}"):
+        intent_validate(action="mail.send", payload={**MAIL, "params": {"note": f"x {value}"}})
+    assert what in secret_in_text(f"see {value}")
+
+
+@pytest.mark.parametrize("dash", ["\u2010", "\u2015", "\u2212", "\ufe63", "\uff0d"])
+def test_it_refuses_a_card_number_whatever_dash_separates_its_groups(dash):
+    card = dash.join(["4111", "1111", "1111", "1111"])
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="mail.send", payload={**MAIL, "params": {"note": card}})
+
+
+def test_it_refuses_a_nineteen_digit_card_number():
+    # Card numbers run to 19 digits; one of that length is card data too.
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="mail.send",
+                        payload={**MAIL, "params": {"note": "6221260000000000001"}})
+
+
+def test_it_masks_the_recipient_in_a_mail_summary():
+    payload = {**MAIL, "to": "anna.smith@example.com"}
+    assert intent_summary(action="mail.send", payload=payload) == (
+        "Email “offer” to a***@example.com")
+    assert intent_summary(action="mail.send", payload=payload, unmasked=True).endswith(
+        "anna.smith@example.com")

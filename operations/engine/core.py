@@ -30,6 +30,7 @@ from operations.models import (
 )
 from operations.providers.base import (
     CallOutcome,
+    CallResult,
     LookupOutcome,
     LookupResult,
     OperationSnapshot,
@@ -38,6 +39,8 @@ from operations.providers.base import (
 from operations.services import audit_event_record
 
 S = OperationStatus
+# The error class of a call whose answer confirmed another effect than the approved one.
+NOT_THE_APPROVED_EFFECT = "disagreement"
 logger = logging.getLogger(__name__)
 
 
@@ -322,6 +325,23 @@ def lookup_against_intent(
         reason=f"{mismatch}: not the approved effect; a person decides",
     )
 
+
+
+def call_against_intent(
+    adapter: ProviderAdapter, op_snapshot: OperationSnapshot, result: CallResult
+) -> CallResult:
+    """The call's own answer, held to the same test as a lookup: a provider that confirms
+    another effect than the one approved (another sum) has not done what was approved, and
+    calling again cannot mend that. Unknown, for a person, never retried by itself."""
+    if result.outcome not in (CallOutcome.SUCCEEDED, CallOutcome.ACCEPTED):
+        return result
+    mismatch = adapter.disagreement(payload=op_snapshot.payload, facts=result.result)
+    if not mismatch:
+        return result
+    return replace(
+        result, outcome=CallOutcome.UNKNOWN, error_class=NOT_THE_APPROVED_EFFECT,
+        error_message=f"{mismatch}: not the approved effect; a person decides",
+    )
 
 _ATTEMPT_OUTCOME = {
     LookupOutcome.FOUND: AttemptOutcome.FOUND,

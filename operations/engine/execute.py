@@ -176,6 +176,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         )
     finally:
         send_deadline.reset(deadline)
+    result = core.call_against_intent(adapter, op_snapshot, result)
     return _record_call_result(op, attempt, result, worker=worker, adapter=adapter)
 
 
@@ -209,12 +210,14 @@ def _record_call_result(
             error_class=result.error_class,
             error_message=result.error_message[:2000],
         )
-        if result.external_id or result.provider_request_id:
-            ids: dict[str, str] = {}
-            if result.external_id:
-                ids["external_id"] = result.external_id
-            if result.provider_request_id:
-                ids["provider_request_id"] = result.provider_request_id
+        ids: dict[str, str] = {}
+        # An object that is not the approved effect is not this operation's (the attempt
+        # row above names it for the person who decides).
+        if result.external_id and result.error_class != core.NOT_THE_APPROVED_EFFECT:
+            ids["external_id"] = result.external_id
+        if result.provider_request_id:
+            ids["provider_request_id"] = result.provider_request_id
+        if ids:
             # Not over what an operator settled meanwhile (their provider reference stays);
             # the attempt row above keeps these ids either way.
             Operation.objects.filter(id=op.id, resolved_manually=False).update(**ids)
@@ -250,9 +253,12 @@ def _record_call_result(
         summary = "the record changed since the intent; a person decides on a new intent"
     else:
         to = S.UNKNOWN
-        # A lost answer is checked again soon; a key reused with other parameters is not
-        # something a lookup can settle, so it waits for a person.
-        retry = result.error_class != "idempotency_error" and adapter.contract.autonomous
+        # A lost answer is checked again soon; a key reused with other parameters, or an
+        # answer confirming another effect, is not something a lookup can settle: a person.
+        retry = (
+            result.error_class not in ("idempotency_error", core.NOT_THE_APPROVED_EFFECT)
+            and adapter.contract.autonomous
+        )
         fields = {
             "error_code": result.error_class or "unknown",
             "error_message": result.error_message,
@@ -262,7 +268,10 @@ def _record_call_result(
             else None,
         }
         summary = (
-            f"no reliable answer ({result.error_class or 'unknown'}); reconcile before any new call"
+            f"the provider answered {result.error_message}"
+            if result.error_class == core.NOT_THE_APPROVED_EFFECT
+            else f"no reliable answer ({result.error_class or 'unknown'}); "
+            "reconcile before any new call"
         )
 
     won = transition(

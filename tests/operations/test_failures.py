@@ -1266,6 +1266,52 @@ def test_it_never_settles_an_operation_with_a_payment_for_another_sum(acme, appr
     assert op.payload_hash == hash_before
 
 
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_settles_an_operation_with_a_call_answer_for_another_sum(
+    acme, approver, providers, monkeypatch
+):
+    from operations.models import AttemptOutcome, EvidenceKind
+    from operations.providers.payments import PaymentsCreateAdapter
+
+    op = authorized_payment(acme, approver)
+    hash_before = op.payload_hash
+    sent_params = PaymentsCreateAdapter.params
+
+    def another_sum(self, snapshot):
+        # What a faulty provider (or a proxy rewriting the request) does: it moves and
+        # confirms a sum nobody approved.
+        return {**sent_params(self, snapshot), "amount": "99900"}
+
+    monkeypatch.setattr(PaymentsCreateAdapter, "params", another_sum)
+    report = engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    stray = PaymentIntent.objects.get()
+    assert (report.outcome, report.status) == ("called", S.UNKNOWN)
+    # Not this operation's effect: it names no external id, and waits for a person.
+    assert (op.status, op.external_id, op.next_reconcile_at) == (S.UNKNOWN, "", None)
+    assert op.error_code == "disagreement"
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert (call.outcome, call.external_id) == (AttemptOutcome.UNKNOWN, stray.id)
+    noted = op.evidence.get(kind=EvidenceKind.CALL_RESULT)
+    assert noted.summary == (
+        f"the provider answered {stray.id} is for 99900 KZT, the approved intent for 1250000 "
+        "KZT (minor units): not the approved effect; a person decides")
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert payment_posts(op).count() == 1
+    assert op.payload_hash == hash_before
+
+    # Asked again (an operator's "Reconcile now"), the provider shows the same stray payment:
+    # still a person's decision, and no second call.
+    monkeypatch.undo()
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "inconclusive"
+    assert engine.operation_execute(operation_id=op.id).status == S.UNKNOWN
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.UNKNOWN, "")
+    assert payment_posts(op).count() == 1
+    assert PaymentIntent.objects.count() == 1
+
 def _signed_stripe_post(client, settings, body: bytes, *, header: str | None = None):
     from operations.providers.signing import stripe_signature_header
 

@@ -494,3 +494,30 @@ def test_it_offers_the_decision_buttons_only_to_those_who_may_decide(
         html = signed_in(auditor).get(page).content.decode()
         assert approval.id in html and _approve_url(approval) not in html, page
         assert reverse("approvals:reject", args=[approval.id]) not in html, page
+
+
+def test_it_offers_no_approve_on_an_intent_of_an_outdated_policy_but_lets_it_be_rejected(
+    acme, approver, prepare_payment, settings, no_execute
+):
+    outdated = prepare_payment(acme)
+    settings.POLICY_VERSION_OVERRIDES = {"payments.create": "payments-v4"}
+    current = prepare_payment(acme, invoice_id="inv_2")
+    client = signed_in(approver)
+    for page in (reverse("approvals:queue"), reverse("approvals:detail", args=[outdated.id])):
+        html = client.get(page).content.decode()
+        # The server would refuse it: the button is not offered, and the card says why.
+        assert _approve_url(outdated) not in html, page
+        assert reverse("approvals:reject", args=[outdated.id]) in html, page
+        assert ("prepared under policy <code>payments-v3</code>, and "
+                "<code>payments-v4</code> is now in force") in html, page
+    html = client.get(reverse("approvals:queue")).content.decode()
+    assert _approve_url(current) in html
+    assert html.count("is now in force: it can no longer be approved") == 1
+
+    client.post(reverse("approvals:reject", args=[outdated.id]), {"reason": "old policy"})
+    outdated.refresh_from_db()
+    assert outdated.status == ApprovalStatus.REJECTED
+    assert outdated.operation.status == "cancelled"
+    assert no_execute == []
+    assert "is now in force" not in client.get(
+        reverse("approvals:detail", args=[outdated.id])).content.decode()

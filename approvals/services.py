@@ -223,7 +223,8 @@ def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
             )
             execute_on_commit(op.id)
     except ApprovalRefused as refusal:
-        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="approve")
+        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="approve",
+                        typed={"comment": comment})
         raise
     approval.refresh_from_db()
     return approval
@@ -258,21 +259,26 @@ def approval_reject(*, approval_id: str, actor, reason: str) -> Approval:
                     f"The operation is already {op.status}; nothing was rejected.", code="race",
                 )
     except ApprovalRefused as refusal:
-        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="reject")
+        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb="reject",
+                        typed={"reason": reason})
         raise
     approval.refresh_from_db()
     return approval
 
 
-def _record_refusal(*, approval_id: str, actor, refusal: ApprovalRefused, verb: str) -> None:
-    """Outside the rolled-back decision: expire it if that was the reason, and audit."""
+def _record_refusal(
+    *, approval_id: str, actor, refusal: ApprovalRefused, verb: str, typed: dict[str, str]
+) -> None:
+    """Outside the rolled-back decision: expire it if that was the reason, and audit what
+    the person meant to say with it, except words refused for looking like a secret."""
     if refusal.code == "expired":
         approval_expire(approval_id=approval_id)
     approval = Approval.objects.select_related("operation__tenant").get(id=approval_id)
+    words = {} if refusal.code == "secret_in_text" else {k: v for k, v in typed.items() if v}
     _audit(
         actor=actor, action=f"approval.{verb}_refused", approval=approval,
         tenant=approval.operation.tenant, reason=refusal.message,
-        after={"status": approval.status, "refusal": refusal.code},
+        after={"status": approval.status, "refusal": refusal.code, **words},
     )
 
 

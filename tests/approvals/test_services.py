@@ -126,6 +126,29 @@ def test_it_refuses_when_the_policy_version_moved_on(acme, approver, prepare_pay
     assert no_execute == []
 
 
+
+def test_it_keeps_what_the_person_wrote_on_a_refused_decision(
+    acme, approver, prepare_payment, settings, no_execute
+):
+    approval = prepare_payment(acme)
+    settings.POLICY_VERSION_OVERRIDES = {"payments.create": "payments-v4"}
+    with pytest.raises(ApprovalRefused):
+        approval_approve(approval_id=approval.id, actor=approver,
+                         comment="  vendor confirmed by phone  ")
+    Approval.objects.filter(id=approval.id).update(
+        expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(ApprovalRefused, match="expired"):
+        approval_reject(approval_id=approval.id, actor=approver, reason="duplicate invoice")
+
+    (approve,) = _audits("approval.approve_refused", approval)
+    assert approve.after == {"operation": approval.operation_id, "status": "pending",
+                             "refusal": "policy_changed", "comment": "vendor confirmed by phone"}
+    assert "payments-v4" in approve.reason
+    (reject,) = _audits("approval.reject_refused", approval)
+    assert reject.after == {"operation": approval.operation_id, "status": "expired",
+                            "refusal": "expired", "reason": "duplicate invoice"}
+    assert no_execute == []
+
 def test_it_refuses_an_approver_of_another_tenant(acme, other_tenant_user, prepare_payment):
     approval = prepare_payment(acme)
     with pytest.raises(ApprovalRefused, match="tenant acme"):

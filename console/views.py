@@ -165,7 +165,9 @@ def _csv_rows(events) -> Iterator[list[str]]:
            "before", "after"]
     for event in events.iterator(chunk_size=1000):
         yield [
-            str(event.id), event.created_at.isoformat(), _cell(event.actor_username),
+            str(event.id), event.created_at.isoformat(),
+            # As the page says it: blank would read as "someone unknown".
+            _cell(event.actor_username or "system"),
             event.tenant.slug if event.tenant else "", _cell(event.action),
             _cell(event.object_type), _cell(event.object_id), _cell(event.reason),
             "" if event.before is None else _cell(json.dumps(event.before, sort_keys=True)),

@@ -208,6 +208,7 @@ def test_it_exports_text_that_spreadsheets_will_not_run_and_json_they_can_read(a
     (header, row) = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     cells = dict(zip(header, row, strict=True))
     assert cells["reason"] == '\'=HYPERLINK("http://evil.test","open")'
+    assert cells["actor"] == auditor.username
     assert json.loads(cells["before"]) == {"status": "pending"}
     assert json.loads(cells["after"]) == {"status": "rejected"}
 
@@ -244,3 +245,18 @@ def test_it_shows_and_exports_only_the_tenants_where_the_user_holds_the_audit_ro
     assert response.status_code == 200 and len(rows) > 1
     assert "apr_g" not in {row[6] for row in rows}
     assert {row[3] for row in rows[1:]} == {"acme"}
+
+
+@pytest.mark.django_db
+def test_it_names_the_system_as_the_actor_of_its_own_events_in_the_csv(acme, auditor):
+    audit_event_record(actor=None, action="approval.expire", tenant=acme,
+                       object_type="approval", object_id="apr_sys")
+    client = Client()
+    client.force_login(auditor)
+
+    response = client.get("/audit.csv", {"object": "apr_sys"})
+    page = client.get("/audit/", {"object": "apr_sys"}).content.decode()
+
+    (header, row) = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert dict(zip(header, row, strict=True))["actor"] == "system"
+    assert "<td>system</td>" in page

@@ -31,10 +31,12 @@ from operations.engine.core import (
 from operations.models import (
     Attempt,
     AttemptKind,
+    Evidence,
     EvidenceKind,
     Operation,
 )
 from operations.providers.base import LookupOutcome, LookupResult
+from operations.services import audit_event_record
 
 # What a provider id looks like (pi_…, deal_…, msg_…): anything else is a typo, and it goes
 # into a URL path, where "/" or ".." would ask about another object.
@@ -81,7 +83,11 @@ def operation_resolve(
         raise _unresolvable(op, outcome)
     if seen_status_changed_at is not None and op.status_changed_at != seen_status_changed_at:
         raise _moved_on(op)
-    verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
+    verified = (
+        _reference_verify(op, reference=reference, outcome=outcome, actor=actor,
+                          asked={"evidence": evidence_text, "reason": reason})
+        if reference else None
+    )
     fields: dict[str, Any] = {"resolved_manually": True}
     if outcome == S.FAILED:
         fields.update(error_code="resolved_failed", error_message=evidence_text[:500])
@@ -135,7 +141,9 @@ def _moved_on(op: Operation) -> TransitionRefused:
     )
 
 
-def _reference_verify(op: Operation, *, reference: str, outcome: str) -> _Verified:
+def _reference_verify(
+    op: Operation, *, reference: str, outcome: str, actor: AbstractUser, asked: dict[str, str]
+) -> _Verified:
     """Ask the provider about the reference, outside any transaction; refused unless it
     confirms the outcome for this operation."""
     if len(reference) > 120 or not REFERENCE.fullmatch(reference):
@@ -149,10 +157,13 @@ def _reference_verify(op: Operation, *, reference: str, outcome: str) -> _Verifi
     found = lookup_guarded(op.id, lambda: adapter.retrieve(reference))
     problem = _reference_problem(op, found, reference=reference, outcome=outcome,
                                  provider=provider)
+    verified = _Verified(found=found, provider=provider, started_at=started_at,
+                         finished_at=timezone.now())
     if problem:
+        _reference_refusal_record(op, verified, actor=actor, problem=problem, facts={
+            "outcome": outcome, "provider_reference": reference, **asked})
         raise ReferenceRefused(problem)
-    return _Verified(found=found, provider=provider, started_at=started_at,
-                     finished_at=timezone.now())
+    return verified
 
 
 def _reference_problem(
@@ -202,6 +213,35 @@ def _reference_problem(
         )
     return ""
 
+
+
+def _reference_refusal_record(
+    op: Operation, verified: _Verified, *, actor: AbstractUser, problem: str,
+    facts: dict[str, str],
+) -> None:
+    """What the provider said about a reference it did not confirm is evidence too (it may
+    name another operation's payment, or another sum), and the question was a call to the
+    provider: its attempt, the lookup's evidence and the refused action's audit row. The
+    status stays; no one's schedule changes."""
+    with transaction.atomic():
+        attempt = _verification_attempt(op, verified)
+        status = Operation.objects.values_list("status", flat=True).get(id=op.id)
+        Evidence.objects.create(
+            operation_id=op.id, kind=EvidenceKind.LOOKUP, from_status=status,
+            to_status=status, actor=actor,
+            summary=f"{actor.username}'s reference {facts['provider_reference']} was not "
+            f"accepted: {problem}",
+            # Not the provider's object itself: it may be another tenant's payment, which
+            # the problem above already words without naming what is not theirs.
+            data={"attempt": attempt.number, "method": verified.found.method or "",
+                  "provider_request_id": verified.found.provider_request_id,
+                  "problem": problem, **facts},
+        )
+        audit_event_record(
+            actor=actor, action=f"operation.resolve_{facts['outcome']}_refused",
+            tenant=op.tenant, object_type="operation", object_id=op.id, reason=problem,
+            after=facts,
+        )
 
 def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
     """The lookup that confirmed the reference, as reconcile records its lookups. Written

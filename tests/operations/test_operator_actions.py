@@ -465,7 +465,8 @@ def _requests() -> int:
 
 
 def _nothing_recorded(op: Operation) -> None:
-    """A refused resolution leaves the operation as it was, and no row about it."""
+    """A resolution refused before the provider was asked leaves the operation as it was,
+    and no row about it."""
     before = (op.status, op.external_id, op.resolved_manually)
     op.refresh_from_db()
     assert (op.status, op.external_id, op.resolved_manually) == before
@@ -474,6 +475,36 @@ def _nothing_recorded(op: Operation) -> None:
         object_id=op.id, action__startswith="operation.resolve"
     ).exists()
     assert not Attempt.objects.filter(operation=op).exists()
+
+
+def _refusal_recorded(op: Operation, *, actor, reference: str, outcome: str = "succeeded",
+                      evidence: str = "seen in the dashboard",
+                      reason: str = "customer asked") -> str:
+    """A reference the provider did not confirm leaves the operation as it was: what it
+    records is the question asked (a lookup attempt), what came of it (lookup evidence) and
+    the refused action (an audit row). Returns the refusal as recorded."""
+    before = (op.status, op.external_id, op.resolved_manually, op.next_reconcile_at)
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually, op.next_reconcile_at) == before
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert not AuditEvent.objects.filter(
+        object_id=op.id, action=f"operation.resolve_{outcome}").exists()
+    (attempt,) = Attempt.objects.filter(operation=op)
+    assert (attempt.kind, attempt.number) == (AttemptKind.LOOKUP, 1)
+    (audit,) = AuditEvent.objects.filter(object_id=op.id, action__endswith="_refused")
+    assert (audit.action, audit.actor) == (f"operation.resolve_{outcome}_refused", actor)
+    facts = {"outcome": outcome, "provider_reference": reference, "evidence": evidence,
+             "reason": reason}
+    assert audit.after == facts
+    (noted,) = Evidence.objects.filter(operation=op)
+    assert (noted.kind, noted.from_status, noted.to_status, noted.actor) == (
+        EvidenceKind.LOOKUP, op.status, op.status, actor)
+    assert noted.summary == (
+        f"{actor.username}'s reference {reference} was not accepted: {audit.reason}")
+    assert noted.data == {"attempt": 1, "method": "external_id",
+                          "provider_request_id": attempt.provider_request_id,
+                          "problem": audit.reason, **facts}
+    return audit.reason
 
 
 @pytest.mark.django_db(transaction=True)
@@ -570,7 +601,10 @@ def test_it_refuses_a_reference_the_provider_does_not_know(acme_unknown, operato
     assert 'value="pi_01TYPO"' in page and RESOLVE["resolve-evidence"] in page
     assert 'id="id_resolve-provider_reference_error"' in page
     assert _requests() == 1
-    _nothing_recorded(op)
+    assert _refusal_recorded(
+        op, actor=operator, reference="pi_01TYPO", evidence=RESOLVE["resolve-evidence"],
+        reason=RESOLVE["resolve-reason"],
+    ) == "The payments provider says payment pi_01TYPO does not exist; check the reference."
 
 
 @pytest.mark.django_db(transaction=True)
@@ -597,7 +631,7 @@ def test_it_refuses_another_operations_payment_id(acme, operator, sandbox):
         f"{payment_id} at the payments provider belongs to {paid.id}, not to {other.id}; "
         "check the reference."
     )
-    _nothing_recorded(other)
+    assert _refusal_recorded(other, actor=operator, reference=payment_id) == str(refused.value)
     paid.refresh_from_db()
     assert (paid.status, paid.external_id) == ("succeeded", payment_id)
 
@@ -619,16 +653,23 @@ def test_it_refuses_another_tenants_payment_id_without_naming_its_operation(
         f"{payment_id} at the payments provider belongs to an operation of another tenant, "
         f"not to {ours.id}; check the reference."
     )
-    _nothing_recorded(ours)
+    assert _refusal_recorded(ours, actor=operator, reference=payment_id) == str(refused.value)
+    # Nor from what the refusal recorded: not their operation's id, nor their payment's sum.
+    recorded = str([*Evidence.objects.filter(operation=ours).values(),
+                    *AuditEvent.objects.filter(object_id=ours.id).values(),
+                    *Attempt.objects.filter(operation=ours).values()])
+    assert theirs.id not in recorded
+    assert str(theirs.payload["amount_minor"]) not in recorded
 
 
 @pytest.mark.django_db(transaction=True)
 def test_it_refuses_a_payment_that_names_no_operation(acme_unknown, operator, sandbox):
     payment_id = sandbox_payment_create(amount=100, currency="kzt", metadata={},
                                         confirm=True)["id"]
-    with pytest.raises(ReferenceRefused, match="names no operation"):
+    with pytest.raises(ReferenceRefused, match="names no operation") as refused:
         _resolve(acme_unknown, operator, payment_id)
-    _nothing_recorded(acme_unknown)
+    assert _refusal_recorded(acme_unknown, actor=operator, reference=payment_id) == str(
+        refused.value)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -652,11 +693,12 @@ def test_it_refuses_a_reference_whose_status_contradicts_the_outcome(
 
     assert f"The payments provider reports {payment_id} as {said}" in str(refused.value)
     assert _requests() == 1
-    _nothing_recorded(op)
+    assert _refusal_recorded(op, actor=operator, reference=payment_id, outcome=outcome) == str(
+        refused.value)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_refuses_when_the_provider_cannot_be_asked_and_records_nothing(
+def test_it_refuses_when_the_provider_cannot_be_asked_and_records_only_the_question(
     acme_unknown, operator, sandbox
 ):
     op = acme_unknown
@@ -672,7 +714,10 @@ def test_it_refuses_when_the_provider_cannot_be_asked_and_records_nothing(
     assert f"The payments provider could not be asked about {payment_id}" in body
     assert "try again, or resolve with the evidence text alone." in body
     assert sandbox_requests(provider="payments").get().response_status == 500
-    _nothing_recorded(op)
+    assert _refusal_recorded(
+        op, actor=operator, reference=payment_id, evidence=RESOLVE["resolve-evidence"],
+        reason=RESOLVE["resolve-reason"],
+    ).startswith(f"The payments provider could not be asked about {payment_id}")
 
     # Words alone still settle it, without asking the provider again.
     assert client.post(f"/operations/{op.id}/resolve", TEXT_ONLY).status_code == 302
@@ -919,7 +964,7 @@ def test_it_refuses_a_reference_to_a_payment_for_another_sum(acme_unknown, opera
         "operation disputed."
     )
     assert _requests() == 1
-    _nothing_recorded(op)
+    assert _refusal_recorded(op, actor=operator, reference=payment_id) == str(refused.value)
 
 
 # --- a permission counts on the operation's own tenant only ------------------------------

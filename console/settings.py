@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +40,18 @@ def _float_env(name: str, default: str) -> float:
 
 def _int_env(name: str, default: str) -> int:
     return _number_env(name, default, int)
+
+
+def _log_level_env(name: str, default: str) -> str:
+    # logging.config takes only upper-case names and answers anything else with a
+    # traceback from deep inside django.setup(), after the settings loaded fine.
+    raw = os.environ.get(name, default)
+    level = raw.strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        raise ConfigError(
+            f"{name}={raw!r} is not a logging level; use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    return level
 
 
 def _flag_env(name: str, default: bool) -> bool:
@@ -243,7 +256,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": _log_level_env("LOG_LEVEL", "INFO")},
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 

@@ -218,3 +218,14 @@ def test_it_reads_no_settings_when_make_run_and_make_test_start():
         cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_it_takes_a_log_level_in_any_case_and_refuses_an_unknown_one_in_one_line():
+    """LOG_LEVEL is a configuration variable like the others: `debug` is a level, and a typo
+    stops the start with one line naming it, not a traceback from logging.config."""
+    assert run_check(DEBUG="1", LOG_LEVEL="debug").returncode == 0
+    result = run_check(DEBUG="1", LOG_LEVEL="verbose")
+    assert result.returncode == 3  # CONFIG_ERROR_EXIT
+    assert "LOG_LEVEL" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0

@@ -27,7 +27,7 @@ class AuditFilterForm(FilterForm):
         required=False, max_length=100,
         widget=forms.TextInput(attrs={"list": "audit-actions", "autocomplete": "off"}),
     )
-    object = forms.CharField(required=False, max_length=64, label="Object id")
+    object = forms.CharField(required=False, max_length=150, label="Object id")
     since = forms.DateTimeField(
         required=False, label="Since (UTC)",
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),

@@ -80,7 +80,8 @@ class AuditEvent(models.Model):
     )
     action = models.CharField(max_length=100)
     object_type = models.CharField(max_length=50, blank=True)
-    object_id = models.CharField(max_length=64, blank=True)
+    # As long as the longest id it holds: a user's is their username (up to 150 characters).
+    object_id = models.CharField(max_length=150, blank=True)
     reason = models.TextField(blank=True)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import Client
 
 from operations.models import AuditEvent, TenantRole
 from operations.services import audit_event_record
@@ -21,6 +22,23 @@ def test_it_grants_a_role_on_one_tenant_only(acme, globex):
     assert list(user.groups.values_list("name", flat=True)) == ["Approver"]
     event = AuditEvent.objects.get(action="role.grant", object_id="dana")
     assert event.tenant == acme and event.after["role"] == "Approver"
+
+
+@pytest.mark.django_db
+def test_it_grants_a_role_to_a_user_whose_username_is_as_long_as_django_allows(acme, auditor):
+    # Usernames may be 150 characters (an email address often is one); the grant's audit
+    # row names the user as its object, and an auditor finds it by that name.
+    username = "maximilian.mustermann-schmidt@operations." + "x" * 97 + ".example.com"
+    assert len(username) == 150
+    user = UserFactory(username=username)
+    call_command("grant", username, "approver", "acme")
+    assert user.has_perm("operations.approve_intents", acme)
+    event = AuditEvent.objects.get(action="role.grant", object_id=username)
+    assert event.object_type == "user"
+    client = Client()
+    client.force_login(auditor)
+    html = client.get("/audit/", {"object": username}).content.decode()
+    assert "Nothing is shown" not in html and "role.grant" in html
 
 
 @pytest.mark.django_db

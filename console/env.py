@@ -67,7 +67,13 @@ def local_web_port(environ: Mapping[str, str]) -> str:
     """The port this checkout's console serves on: PORT, else the one a running `make run`
     recorded, else 8000. A record left by a `make run` that is gone is ignored."""
     if environ.get("PORT"):
-        return environ["PORT"]
+        raw = environ["PORT"]
+        # The sandbox bases and the webhook target are built from it: a bad value would
+        # otherwise surface as every provider call failing, long after the start.
+        port = int(raw) if raw.strip().isdigit() else 0
+        if not 0 < port < 65536:
+            raise ConfigError(f"PORT={raw!r} is not a port number (1 to 65535)")
+        return str(port)
     try:
         state = json.loads(DEVSERVER_STATE.read_text())
         port, pid = str(int(state["port"])), int(state["pid"])

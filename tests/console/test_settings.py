@@ -229,3 +229,14 @@ def test_it_takes_a_log_level_in_any_case_and_refuses_an_unknown_one_in_one_line
     assert "LOG_LEVEL" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("port", ["eighty", "0", "70000"])
+def test_it_refuses_a_port_that_is_not_a_port_number_in_one_line(port):
+    """PORT names where the sandbox and its webhooks are reached: a value no server can
+    listen on stops the start, not every provider call later."""
+    result = run_check(DEBUG="1", PORT=port)
+    assert result.returncode == 3  # CONFIG_ERROR_EXIT
+    assert "PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0

@@ -8,7 +8,7 @@ app_name = "approvals"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
-    path("<str:approval_id>/", views.detail, name="detail"),
-    path("<str:approval_id>/approve", views.approve, name="approve"),
-    path("<str:approval_id>/reject", views.reject, name="reject"),
+    path("<id:approval_id>/", views.detail, name="detail"),
+    path("<id:approval_id>/approve", views.approve, name="approve"),
+    path("<id:approval_id>/reject", views.reject, name="reject"),
 ]

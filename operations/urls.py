@@ -9,8 +9,8 @@ app_name = "operations"
 urlpatterns = [
     path("", views.operation_list, name="list"),
     path("unknown/", views.operation_unknown, name="unknown"),
-    path("<str:operation_id>/", views.operation_detail, name="detail"),
-    path("<str:operation_id>/reconcile", views.operation_reconcile_view, name="reconcile"),
-    path("<str:operation_id>/resolve", views.operation_resolve_view, name="resolve"),
-    path("<str:operation_id>/dispute", views.operation_dispute_view, name="dispute"),
+    path("<id:operation_id>/", views.operation_detail, name="detail"),
+    path("<id:operation_id>/reconcile", views.operation_reconcile_view, name="reconcile"),
+    path("<id:operation_id>/resolve", views.operation_resolve_view, name="resolve"),
+    path("<id:operation_id>/dispute", views.operation_dispute_view, name="dispute"),
 ]

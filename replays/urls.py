@@ -8,6 +8,6 @@ app_name = "replays"
 
 urlpatterns = [
     path("", views.run_list, name="runs"),
-    path("conversations/<str:conversation_id>/", views.conversation_detail, name="conversation"),
-    path("<str:run_id>/", views.run_detail, name="run"),
+    path("conversations/<id:conversation_id>/", views.conversation_detail, name="conversation"),
+    path("<id:run_id>/", views.run_detail, name="run"),
 ]

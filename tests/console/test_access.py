@@ -205,3 +205,15 @@ def test_it_grants_nothing_through_a_permission_given_on_the_model_not_a_tenant(
             assert made["unknown"].id not in html and made["waiting"].id not in html, url
     assert client.get("/audit/").status_code == 403
     assert client.get(f"/operations/{both_tenants['acme']['unknown'].id}/").status_code == 404
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", [
+    "/operations/%00/", "/operations/op_%00x/resolve", "/approvals/%00/", "/runs/%00/",
+    "/runs/conversations/%00/", "/operations/" + "x" * 41 + "/",
+])
+def test_it_answers_404_not_500_to_an_id_no_record_can_have(admin_user, path):
+    # PostgreSQL refuses a NUL byte in a text value: asked for one, it raised (a 500).
+    from tests.helpers import signed_in
+
+    assert signed_in(admin_user).get(path).status_code == 404

@@ -195,7 +195,9 @@ def audit_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     events = audit_events_for_user(request.user, filters=form.filters(), perm="export_audit")
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(
-        (writer.writerow(row) for row in _csv_rows(events)), content_type="text/csv"
+        (writer.writerow(row) for row in _csv_rows(events)),
+        # Named, or a spreadsheet guesses (and garbles names and reasons beyond ASCII).
+        content_type="text/csv; charset=utf-8",
     )
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'

@@ -80,8 +80,10 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     # Only a full page can have more behind it; then say how many wait in all.
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
     held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    # An auditor reads the same queue; it must not tell them to do what they may not.
+    may_operate = tenants_for_user(request.user, "operate_operations").exists()
     return render(request, "operations/unknown.html", {"rows": rows, "total": total,
-                                                       "held": held})
+                                                       "held": held, "may_operate": may_operate})
 
 
 def _panel_context(

@@ -157,6 +157,7 @@ def test_it_downloads_the_filtered_csv_for_auditors_only(trail, auditor, approve
     client.force_login(auditor)
     response = client.get("/audit.csv", {"action": "intent.reject"})
     assert response.status_code == 200
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
     rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert rows[0][:5] == ["id", "time", "actor", "tenant", "action"]
     assert {r[6] for r in rows[1:]} == {"apr_0", "apr_2", "apr_4", "apr_6"}

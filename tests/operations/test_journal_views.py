@@ -447,3 +447,13 @@ def test_it_counts_the_unknowns_beyond_the_queue_page_in_visible_tenants_only(
         make_unknown(prepared_payment(globex, invoice_id=f"inv_g{i}"))
     html = signed_in(operator).get("/operations/unknown/").content.decode()
     assert "Showing the oldest 1 of 2 unknown operations" in html
+
+
+@pytest.mark.django_db
+def test_it_tells_only_operators_to_settle_the_queued_unknowns(acme, operator, auditor):
+    make_unknown(prepared_payment(acme))
+    operating = signed_in(operator).get("/operations/unknown/").content.decode()
+    auditing = signed_in(auditor).get("/operations/unknown/").content.decode()
+    assert "open one to reconcile, resolve or dispute it." in operating
+    assert "reconcile, resolve or dispute" not in auditing
+    assert "open one to see what is known about it (operators settle it)." in auditing

@@ -1,0 +1,158 @@
+"""The sandbox providers' HTTP contracts, asked directly: what a real client of Stripe, the CRM
+and the mail API relies on, so an engine test cannot pass only because the sandbox is lenient."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from operations.providers import adapter_for
+from operations.providers.base import CallOutcome, request_fingerprint
+from operations.sandbox.models import (
+    Deal,
+    IdempotencyRecord,
+    Message,
+    PaymentIntent,
+    SandboxWebhook,
+)
+from operations.sandbox.selectors import sandbox_counts, sandbox_requests
+from operations.sandbox.services import (
+    SandboxStateError,
+    sandbox_fault_set,
+    sandbox_payment_create,
+)
+from tests.operations.providers_support import payment
+
+PAYMENTS = adapter_for("payments.create")
+VALID_PAYMENT = {"amount": "1000", "currency": "eur", "confirm": "true",
+                 "metadata[operation_id]": "op_contract"}
+DEAL = {"name": "Acme renewal", "amount_minor": 500_000, "currency": "EUR", "owner": "dana"}
+MAIL = {"to": "cfo@acme.test", "template": "invoice_paid", "params": {"invoice": "inv_42"}}
+
+
+def ask(method: str, url: str, *, provider: str, headers: dict[str, str] | None = None,
+        **kwargs: Any) -> httpx.Response:
+    key = getattr(settings, f"{provider.upper()}_API_KEY")
+    return httpx.request(method, url, headers={"Authorization": f"Bearer {key}", **(headers or {})},
+                         **kwargs)
+
+
+def create_payment(sandbox: str, data: dict[str, str], key: str = "") -> httpx.Response:
+    return ask("POST", f"{sandbox}/payments/v1/payment_intents", provider="payments",
+               headers={"Idempotency-Key": key} if key else {}, data=data)
+
+
+# --- payments -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "param"),
+    [
+        ({"coupon": "FREE"}, "parameter_unknown", "coupon"),
+        ({"amount": "0"}, "amount_too_small", "amount"),
+        ({"amount": "12.50"}, "parameter_invalid_integer", "amount"),
+        ({"currency": "euro"}, "parameter_invalid", "currency"),
+        ({"confirm": "yes"}, "parameter_invalid", "confirm"),
+    ],
+)
+def test_it_refuses_payment_params_stripe_refuses_and_leaves_the_key_unspent(
+    sandbox, change, code, param
+):
+    refused = [create_payment(sandbox, {**VALID_PAYMENT, **change}, key=key)
+               for key in ("", "key-1")]
+
+    for answer in refused:
+        assert answer.status_code == 400
+        assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == (code, param)
+    assert PaymentIntent.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+    # Stripe saves no result for a request that failed validation: the key is still free.
+    fixed = create_payment(sandbox, VALID_PAYMENT, key="key-1")
+    assert fixed.status_code == 200
+    assert PaymentIntent.objects.count() == 1
+
+
+def test_it_replays_a_keyed_create_with_stripes_status_body_and_header(sandbox):
+    first = create_payment(sandbox, {**VALID_PAYMENT, "currency": "EUR"}, key="key-2")
+    again = create_payment(sandbox, {**VALID_PAYMENT, "currency": "EUR"}, key="key-2")
+    keyless = create_payment(sandbox, VALID_PAYMENT)
+
+    assert first.status_code == again.status_code == keyless.status_code == 200
+    assert "Idempotent-Replayed" not in first.headers
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert first.json()["currency"] == "eur"  # Stripe answers with currencies in lower case
+    assert keyless.json()["id"] != first.json()["id"]
+    counts = sandbox_counts()
+    assert (counts["payment_intents"], counts["webhooks"], counts["webhooks_undelivered"],
+            counts["requests"]) == (2, 2, 2, 3)
+
+
+def test_it_takes_over_a_key_whose_first_request_died_but_only_with_the_same_params(sandbox):
+    long_ago = timezone.now() - timedelta(seconds=61)
+    op, other = payment(), payment()
+    IdempotencyRecord.objects.create(key=op.idempotency_key, created_at=long_ago,
+                                     fingerprint=request_fingerprint(PAYMENTS.params(op)))
+    IdempotencyRecord.objects.create(key=other.idempotency_key, created_at=long_ago,
+                                     fingerprint=request_fingerprint({"amount": "1"}))
+
+    taken_over = PAYMENTS.call(op)
+    refused = PAYMENTS.call(other)
+
+    assert taken_over.outcome is CallOutcome.SUCCEEDED
+    assert (refused.outcome, refused.error_class, refused.http_status) == (
+        CallOutcome.UNKNOWN, "idempotency_error", 400
+    )
+    assert list(PaymentIntent.objects.values_list("metadata__operation_id", flat=True)) == [op.id]
+
+
+def test_it_creates_nothing_when_its_idempotency_claim_was_lost(db):
+    # Another request took the stale claim over and saved its answer first.
+    claim = IdempotencyRecord.objects.create(
+        key="key-3", fingerprint="sha256:x", created_at=timezone.now(), response_status=200,
+        response_body={"id": "pi_other"},
+    )
+
+    with pytest.raises(SandboxStateError):
+        sandbox_payment_create(amount=1000, currency="eur", metadata={"operation_id": "op_1"},
+                               confirm=True, claim=claim)
+
+    assert PaymentIntent.objects.count() == 0 and SandboxWebhook.objects.count() == 0
+
+
+def test_it_hides_new_payments_from_search_for_a_minute_unless_told_otherwise(sandbox):
+    sandbox_fault_set(provider="payments", kind="search_lag")
+    op = payment()
+    PAYMENTS.call(op)
+
+    def searched() -> list:
+        return ask("GET", f"{sandbox}/payments/v1/payment_intents/search", provider="payments",
+                   params={"query": f"metadata['operation_id']:'{op.id}'"}).json()["data"]
+
+    assert searched() == []
+    PaymentIntent.objects.update(created_at=timezone.now() - timedelta(seconds=61))
+    assert [intent["metadata"]["operation_id"] for intent in searched()] == [op.id]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/payments/v1/payment_intents",
+         {"data": {**VALID_PAYMENT, "metadata[invoice_id]": "i" * 501}}, "metadata"),
+        ("/crm/deals", {"json": {**DEAL, "agent_operation_id": "o" * 121}}, "agent_operation_id"),
+        ("/mail/messages", {"json": {**MAIL, "operation_id": "o" * 121}}, "operation_id"),
+    ],
+)
+def test_it_refuses_a_value_longer_than_the_provider_keeps_with_a_400(sandbox, path, body, param):
+    provider = path.split("/")[1]
+
+    answer = ask("POST", f"{sandbox}{path}", provider=provider, **body)
+
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == param
+    assert PaymentIntent.objects.count() == Deal.objects.count() == Message.objects.count() == 0
+    assert sandbox_requests(provider=provider).get().response_status == 400

@@ -317,7 +317,9 @@ def test_it_reports_a_crm_version_conflict_with_the_current_record(sandbox):
 
 
 @pytest.mark.parametrize("patch", [{"stage": "x" * 41}, {"amount_minor": "ten"},
-                                   {"name": ""}, {"currency": "euro"}])
+                                   {"name": ""}, {"currency": "euro"}, {"amount_minor": -1},
+                                   {"amount_minor": True}, {},
+                                   {"agent_operation_id": "op_other"}])
 def test_it_refuses_a_deal_patch_the_deal_cannot_hold_with_a_400(sandbox, patch):
     deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
     op = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1, "patch": patch})

@@ -3,6 +3,8 @@ and the mail API relies on, so an engine test cannot pass only because the sandb
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +14,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from operations.providers import adapter_for
-from operations.providers.base import CallOutcome, request_fingerprint
+from operations.providers.base import CallOutcome, LookupOutcome, request_fingerprint
+from operations.sandbox import services
 from operations.sandbox.models import (
     Deal,
     IdempotencyRecord,
@@ -23,10 +26,11 @@ from operations.sandbox.models import (
 from operations.sandbox.selectors import sandbox_counts, sandbox_requests
 from operations.sandbox.services import (
     SandboxStateError,
+    sandbox_deal_update,
     sandbox_fault_set,
     sandbox_payment_create,
 )
-from tests.operations.providers_support import payment
+from tests.operations.providers_support import payment, snapshot
 
 PAYMENTS = adapter_for("payments.create")
 VALID_PAYMENT = {"amount": "1000", "currency": "eur", "confirm": "true",
@@ -156,3 +160,80 @@ def test_it_refuses_a_value_longer_than_the_provider_keeps_with_a_400(sandbox, p
     assert answer.json()["error"]["param"] == param
     assert PaymentIntent.objects.count() == Deal.objects.count() == Message.objects.count() == 0
     assert sandbox_requests(provider=provider).get().response_status == 400
+
+
+# --- CRM ----------------------------------------------------------------------------------
+
+
+def test_it_lists_only_the_deals_that_carry_the_operation(sandbox):
+    adapter = adapter_for("crm.create_deal")
+    mine, other = snapshot("crm.create_deal", DEAL), snapshot("crm.create_deal", DEAL)
+    adapter.call(other)
+
+    assert adapter.lookup(mine).outcome is LookupOutcome.ABSENT
+    created = adapter.call(mine)
+    found = adapter.lookup(mine)
+
+    assert (found.outcome, found.external_id, len(found.matches)) == (
+        LookupOutcome.FOUND, created.external_id, 1
+    )
+
+
+def test_it_lets_deals_without_an_operation_id_repeat(sandbox):
+    answers = [ask("POST", f"{sandbox}/crm/deals", provider="crm", json=DEAL) for _ in range(2)]
+
+    assert [answer.status_code for answer in answers] == [201, 201]
+    assert Deal.objects.filter(agent_operation_id="").count() == 2
+
+
+def test_it_refuses_a_second_deal_for_an_operation_whose_first_create_is_still_committing(
+    sandbox, monkeypatch
+):
+    adapter = adapter_for("crm.create_deal")
+    op = snapshot("crm.create_deal", DEAL)
+    inside, record = threading.Event(), services.sandbox_webhook_record
+
+    def slow_record(**kwargs: Any) -> Any:
+        # The first create has inserted its deal and not yet committed.
+        inside.set()
+        time.sleep(0.3)
+        return record(**kwargs)
+
+    monkeypatch.setattr(services, "sandbox_webhook_record", slow_record)
+    first: list = []
+    thread = threading.Thread(target=lambda: first.append(adapter.call(op)))
+    thread.start()
+    assert inside.wait(5)
+    second = adapter.call(op)
+    thread.join()
+
+    assert (first[0].http_status, second.http_status) == (201, 409)
+    assert second.result["error"]["existing_id"] == first[0].external_id
+    assert Deal.objects.filter(agent_operation_id=op.id).count() == 1
+
+
+def test_it_never_applies_a_patch_over_a_version_that_moved_meanwhile(db):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    as_read = Deal.objects.get(pk=deal.pk)
+    # Another PATCH lands between this request's read and its write.
+    Deal.objects.filter(pk=deal.pk).update(version=2, applied_operation_ids=["op_first"])
+
+    current, applied = sandbox_deal_update(deal=as_read, expected_version=1,
+                                           patch={"stage": "won"}, operation_id="op_late")
+
+    assert not applied
+    assert (current.version, current.stage, current.applied_operation_ids) == (
+        2, "open", ["op_first"]
+    )
+    assert SandboxWebhook.objects.count() == 0
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
+def test_it_refuses_a_body_that_is_not_a_json_object_with_a_400(sandbox, body):
+    answer = ask("POST", f"{sandbox}/crm/deals", provider="crm", content=body,
+                 headers={"Content-Type": "application/json"})
+
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "parameter_invalid_json"
+    assert Deal.objects.count() == 0
+    assert sandbox_requests(provider="crm").get().response_status == 400

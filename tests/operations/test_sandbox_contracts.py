@@ -237,3 +237,44 @@ def test_it_refuses_a_body_that_is_not_a_json_object_with_a_400(sandbox, body):
     assert answer.json()["error"]["code"] == "parameter_invalid_json"
     assert Deal.objects.count() == 0
     assert sandbox_requests(provider="crm").get().response_status == 400
+
+
+# --- mail ---------------------------------------------------------------------------------
+
+
+def test_it_finds_a_message_only_by_its_own_key(sandbox):
+    adapter = adapter_for("mail.send")
+    mine, other = snapshot("mail.send", MAIL), snapshot("mail.send", MAIL)
+    adapter.call(other)
+
+    assert adapter.lookup(mine).outcome is LookupOutcome.ABSENT
+    sent = adapter.call(mine)
+    found = adapter.lookup(mine)
+
+    assert (found.outcome, found.external_id, len(found.matches)) == (
+        LookupOutcome.FOUND, sent.external_id, 1
+    )
+    gone = adapter.retrieve("msg_nope")
+    assert (gone.outcome, gone.http_status) == (LookupOutcome.ABSENT, 404)
+
+
+def test_it_sends_every_message_that_carries_no_key(sandbox):
+    answers = [ask("POST", f"{sandbox}/mail/messages", provider="mail", json=MAIL)
+               for _ in range(2)]
+
+    assert [answer.status_code for answer in answers] == [202, 202]
+    assert answers[0].json()["id"] != answers[1].json()["id"]
+    assert Message.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [({"to": "cfo at acme"}, "to"), ({"template": ""}, "template"), ({"params": ["x"]}, "params")],
+)
+def test_it_refuses_a_message_it_cannot_send_with_a_400(sandbox, change, param):
+    answer = ask("POST", f"{sandbox}/mail/messages", provider="mail", json={**MAIL, **change},
+                 headers={"Idempotency-Key": "key-4"})
+
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == param
+    assert Message.objects.count() == 0

@@ -8,18 +8,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from operations.providers import adapter_for, webhook_verifier_for
-from operations.providers.base import CallOutcome, request_fingerprint
-from operations.sandbox.models import IdempotencyRecord, PaymentIntent, SandboxFault
+from operations.providers.base import CallOutcome, LookupOutcome, request_fingerprint
+from operations.sandbox import services
+from operations.sandbox.models import (
+    Deal,
+    IdempotencyRecord,
+    Message,
+    PaymentIntent,
+    SandboxFault,
+)
 from operations.sandbox.selectors import (
     sandbox_counts,
     sandbox_requests,
 )
 from operations.sandbox.services import (
     SandboxStateError,
+    fault_seconds,
     sandbox_fault_clear,
     sandbox_fault_set,
     sandbox_payment_settle,
@@ -266,3 +274,120 @@ def test_it_settles_and_tells_the_console_on_the_beat_as_a_bank_would(
     assert WebhookEvent.objects.filter(event_type="payment_intent.succeeded").count() == 1
     assert sandbox_counts()["webhooks_undelivered"] == 0
     assert sandbox_counts()["payment_intents"] == 1
+
+
+def test_it_refuses_a_fault_that_could_never_fire(db):
+    # A fault that silently never fires would let a test pass without its failure happening.
+    for wrong in ({"provider": "sms"}, {"times": 0}):
+        with pytest.raises(ValueError):
+            sandbox_fault_set(**{"provider": "payments", "kind": "http_500", **wrong})
+    with pytest.raises(CommandError):
+        call_command("sandbox_fault", "payments", "http_500", "--times", "0")
+
+    assert sandbox_fault_set(provider="payments", kind="http_500", match="").match == "*"
+    assert SandboxFault.objects.count() == 1
+
+
+def test_it_clears_only_the_faults_it_is_told_to(db):
+    sandbox_fault_set(provider="payments", kind="http_500")
+    sandbox_fault_set(provider="payments", kind="http_500", match="op_x")
+    sandbox_fault_set(provider="crm", kind="http_500")
+
+    call_command("sandbox_fault", "payments", "clear", "--match", "op_x")
+    assert sorted(SandboxFault.objects.values_list("provider", "match")) == [
+        ("crm", "*"), ("payments", "*")
+    ]
+    call_command("sandbox_fault", "crm", "clear")
+    assert list(SandboxFault.objects.values_list("provider", "match")) == [("payments", "*")]
+
+
+def test_it_keeps_a_fault_to_its_own_provider(sandbox):
+    sandbox_fault_set(provider="payments", kind="http_500")
+
+    deal = adapter_for("crm.create_deal").call(snapshot("crm.create_deal", {
+        "name": "Acme", "amount_minor": 100, "currency": "EUR", "owner": "dana"}))
+
+    assert deal.outcome is CallOutcome.SUCCEEDED
+    assert SandboxFault.objects.get().remaining == 1
+    assert PAYMENTS.call(payment()).error_class == "http_5xx"
+
+
+def test_it_takes_the_fault_aimed_at_the_operation_before_a_blanket_one(sandbox):
+    op, bystander = payment(), payment()
+    sandbox_fault_set(provider="payments", kind="http_500")
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+
+    assert PAYMENTS.call(op).error_class == "validation"
+    assert PAYMENTS.call(op).error_class == "http_5xx"
+    assert PAYMENTS.call(bystander).outcome is CallOutcome.SUCCEEDED
+    assert PaymentIntent.objects.count() == 1
+
+
+def test_it_never_takes_a_fault_another_request_took_meanwhile(db, monkeypatch):
+    fault = sandbox_fault_set(provider="payments", kind="http_500")
+    # This request read the fault while it was left; a concurrent one took it since.
+    monkeypatch.setattr(services, "sandbox_faults_matching", lambda **_: [fault])
+    SandboxFault.objects.update(remaining=0)
+
+    assert services.sandbox_fault_take(provider="payments", kinds=["http_500"]) is None
+    assert SandboxFault.objects.get().remaining == 0
+
+
+def test_it_leaves_a_write_fault_to_the_write(sandbox):
+    op = payment()
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+
+    assert PAYMENTS.lookup(op).outcome is LookupOutcome.ABSENT  # a read takes no write fault
+    assert PAYMENTS.call(op).error_class == "validation"
+    assert PaymentIntent.objects.count() == 0
+
+
+def test_it_answers_500_after_commit_only_when_something_was_committed(sandbox):
+    sandbox_fault_set(provider="crm", kind="http_500_after_commit")
+
+    refused = httpx.post(f"{sandbox}/crm/deals", json={"name": "", "amount_minor": 100,
+                                                       "currency": "EUR"},
+                         headers={"Authorization": "Bearer crm_sandbox_key"})
+
+    # Nothing was saved, so the refusal stands: a 500 would make a definite failure unknown.
+    assert refused.status_code == 400
+    assert Deal.objects.count() == 0
+
+
+def test_it_aims_faults_at_an_operations_search_and_mail_by_its_id(sandbox):
+    op = payment()
+    mail = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                  "params": {}})
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    sandbox_fault_set(provider="mail", kind="http_500", match=mail.id)
+
+    search = PAYMENTS.lookup(op)
+    sent = adapter_for("mail.send").call(mail)
+
+    assert (search.outcome, search.http_status) == (LookupOutcome.INCONCLUSIVE, 500)
+    assert sent.error_class == "http_5xx" and Message.objects.count() == 0
+    assert list(sandbox_requests(operation_id=op.id).values_list("method", "response_status")) \
+        == [("GET", 500)]
+    assert list(sandbox_requests(operation_id=mail.id).values_list("method", "response_status")) \
+        == [("POST", 500)]
+
+
+def test_it_stalls_past_the_clients_timeout_unless_told_how_long(settings):
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
+
+    assert fault_seconds(SandboxFault(kind="commit_then_drop", params={})) > 1.0
+    assert fault_seconds(SandboxFault(kind="delay", params={"seconds": 0.2})) == 0.2
+
+
+def test_it_logs_each_request_with_what_tests_count_it_by(sandbox):
+    op = payment()
+    PAYMENTS.call(op)
+    PAYMENTS.lookup(op)
+    adapter_for("crm.create_deal").lookup(snapshot("crm.create_deal", {}))
+
+    assert sandbox_requests(provider="payments").count() == 2
+    assert sandbox_requests(provider="payments", method="get").get().path.endswith("/search")
+    assert sandbox_requests(path_endswith="/deals").get().provider == "crm"
+    assert sandbox_requests(idempotency_key=op.idempotency_key).get().method == "POST"
+    assert sandbox_requests(operation_id=op.id).count() == 2
+    assert sandbox_counts()["requests"] == 3

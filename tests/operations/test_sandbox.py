@@ -30,6 +30,7 @@ from operations.sandbox.services import (
     fault_seconds,
     sandbox_fault_clear,
     sandbox_fault_set,
+    sandbox_message_deliver,
     sandbox_payment_settle,
     sandbox_webhooks_deliver,
 )
@@ -43,13 +44,14 @@ class Receiver:
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, str], bytes]] = []
+        self.status = 200  # what the console answers each delivery
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.received.append((self.path, dict(self.headers.items()), body))
-                self.send_response(200)
+                self.send_response(outer.status)
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
@@ -391,3 +393,86 @@ def test_it_logs_each_request_with_what_tests_count_it_by(sandbox):
     assert sandbox_requests(idempotency_key=op.idempotency_key).get().method == "POST"
     assert sandbox_requests(operation_id=op.id).count() == 2
     assert sandbox_counts()["requests"] == 3
+
+
+def test_it_keeps_an_event_whose_delivery_failed_for_the_next_round(sandbox, receiver):
+    op = payment()
+    PAYMENTS.call(op)
+
+    assert sandbox_webhooks_deliver(target_base_url="http://127.0.0.1:9") == 0  # nobody there
+    receiver.status = 500
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 0
+    assert sandbox_counts()["webhooks_undelivered"] == 1
+    receiver.status = 200
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 1
+
+    assert [f.operation_id for f in receiver.facts("payments")] == [op.id, op.id]
+    assert sandbox_counts()["webhooks_undelivered"] == 0
+
+
+def test_it_reorders_a_round_for_a_fault_aimed_at_one_of_its_operations(sandbox, receiver):
+    first, second = payment(), payment()
+    PAYMENTS.call(first)
+    PAYMENTS.call(second)
+    sandbox_fault_set(provider="payments", kind="out_of_order_webhooks", match=second.id)
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
+
+    assert [f.operation_id for f in receiver.facts("payments")] == [second.id, first.id]
+
+
+def test_it_declines_a_processing_payment_as_stripe_does_and_says_so(sandbox, settings,
+                                                                     receiver):
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1_000
+    op = payment(amount_minor=1_000)  # from the threshold on, the bank takes its time
+    accepted = PAYMENTS.call(op)
+    assert accepted.result["status"] == "processing"
+    with pytest.raises(ValueError):
+        sandbox_payment_settle(payment_intent_id=accepted.external_id, status="refunded")
+
+    declined = sandbox_payment_settle(payment_intent_id=accepted.external_id, status="failed")
+
+    # Stripe: a declined attempt sends the intent back to requires_payment_method.
+    assert declined.status == "requires_payment_method"
+    assert declined.last_payment_error["code"] == "card_declined"
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
+    assert [(f.event_type, f.status) for f in receiver.facts("payments")] == [
+        ("payment_intent.processing", CallOutcome.ACCEPTED),
+        ("payment_intent.payment_failed", CallOutcome.FAILED),
+    ]
+    assert PAYMENTS.lookup(op).status is CallOutcome.FAILED
+
+
+def test_it_signs_crm_events_and_names_the_operation_behind_each_change(sandbox, receiver):
+    create = snapshot("crm.create_deal", {"name": "Acme", "amount_minor": 100,
+                                          "currency": "EUR", "owner": "dana"})
+    created = adapter_for("crm.create_deal").call(create)
+    update = snapshot("crm.update_deal", {"target": created.external_id, "expected_version": 1,
+                                          "patch": {"stage": "won"}})
+    adapter_for("crm.update_deal").call(update)
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
+
+    assert [(f.event_type, f.operation_id, f.external_id) for f in receiver.facts("crm")] == [
+        ("deal.created", create.id, created.external_id),
+        ("deal.updated", update.id, created.external_id),
+    ]
+
+
+def test_it_bounces_a_queued_message_once_and_tells_the_console(sandbox, receiver):
+    adapter = adapter_for("mail.send")
+    op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                "params": {}})
+    sent = adapter.call(op)
+    with pytest.raises(ValueError):
+        sandbox_message_deliver(message_id=sent.external_id, status="opened")
+
+    sandbox_message_deliver(message_id=sent.external_id, status="bounced")
+    with pytest.raises(SandboxStateError):
+        sandbox_message_deliver(message_id=sent.external_id)  # a bounce is final
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 1
+    assert [(f.event_type, f.operation_id, f.status) for f in receiver.facts("mail")] == [
+        ("message.bounced", op.id, CallOutcome.FAILED)
+    ]
+    assert adapter.lookup(op).status is CallOutcome.FAILED

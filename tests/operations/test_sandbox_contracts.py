@@ -165,9 +165,15 @@ def test_it_refuses_a_value_longer_than_the_provider_keeps_with_a_400(sandbox, p
 # --- CRM ----------------------------------------------------------------------------------
 
 
-def test_it_lists_only_the_deals_that_carry_the_operation(sandbox):
-    adapter = adapter_for("crm.create_deal")
-    mine, other = snapshot("crm.create_deal", DEAL), snapshot("crm.create_deal", DEAL)
+@pytest.mark.parametrize(("action", "payload", "unknown_id"), [
+    ("crm.create_deal", DEAL, "deal_nope"),
+    ("mail.send", MAIL, "msg_nope"),
+])
+def test_it_finds_only_the_effect_that_carries_the_operation(sandbox, action, payload,
+                                                             unknown_id):
+    # Deals by their agent_operation_id, messages by their own idempotency key.
+    adapter = adapter_for(action)
+    mine, other = snapshot(action, payload), snapshot(action, payload)
     adapter.call(other)
 
     assert adapter.lookup(mine).outcome is LookupOutcome.ABSENT
@@ -177,6 +183,8 @@ def test_it_lists_only_the_deals_that_carry_the_operation(sandbox):
     assert (found.outcome, found.external_id, len(found.matches)) == (
         LookupOutcome.FOUND, created.external_id, 1
     )
+    gone = adapter.retrieve(unknown_id)
+    assert (gone.outcome, gone.http_status) == (LookupOutcome.ABSENT, 404)
 
 
 def test_it_lets_deals_without_an_operation_id_repeat(sandbox):
@@ -240,22 +248,6 @@ def test_it_refuses_a_body_that_is_not_a_json_object_with_a_400(sandbox, body):
 
 
 # --- mail ---------------------------------------------------------------------------------
-
-
-def test_it_finds_a_message_only_by_its_own_key(sandbox):
-    adapter = adapter_for("mail.send")
-    mine, other = snapshot("mail.send", MAIL), snapshot("mail.send", MAIL)
-    adapter.call(other)
-
-    assert adapter.lookup(mine).outcome is LookupOutcome.ABSENT
-    sent = adapter.call(mine)
-    found = adapter.lookup(mine)
-
-    assert (found.outcome, found.external_id, len(found.matches)) == (
-        LookupOutcome.FOUND, sent.external_id, 1
-    )
-    gone = adapter.retrieve("msg_nope")
-    assert (gone.outcome, gone.http_status) == (LookupOutcome.ABSENT, 404)
 
 
 def test_it_sends_every_message_that_carries_no_key(sandbox):

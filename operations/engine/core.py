@@ -310,38 +310,46 @@ def lookup_guarded(operation_id: str, read: Callable[[], LookupResult]) -> Looku
         )
 
 
+def _not_the_approved_effect(
+    adapter: ProviderAdapter, op_snapshot: OperationSnapshot, facts: dict[str, Any]
+) -> str:
+    """Why the object the provider reports is not the effect the intent describes (another
+    sum, say); empty when nothing it reports contradicts the intent."""
+    mismatch = adapter.disagreement(payload=op_snapshot.payload, facts=facts)
+    return f"{mismatch}: not the approved effect; a person decides" if mismatch else ""
+
+
 def lookup_against_intent(
     adapter: ProviderAdapter, op_snapshot: OperationSnapshot, found: LookupResult
 ) -> LookupResult:
     """A found object that names this operation but is not the effect its intent describes
-    (another sum, say) settles nothing: inconclusive, for a person, never retried by itself."""
+    settles nothing: inconclusive, for a person, never retried by itself."""
     if found.outcome != LookupOutcome.FOUND:
         return found
-    mismatch = adapter.disagreement(payload=op_snapshot.payload, facts=found.result)
-    if not mismatch:
+    reason = _not_the_approved_effect(adapter, op_snapshot, found.result)
+    if not reason:
         return found
     return replace(
-        found, outcome=LookupOutcome.INCONCLUSIVE, status=None, retry_after=None,
-        reason=f"{mismatch}: not the approved effect; a person decides",
+        found, outcome=LookupOutcome.INCONCLUSIVE, status=None, retry_after=None, reason=reason
     )
-
 
 
 def call_against_intent(
     adapter: ProviderAdapter, op_snapshot: OperationSnapshot, result: CallResult
 ) -> CallResult:
     """The call's own answer, held to the same test as a lookup: a provider that confirms
-    another effect than the one approved (another sum) has not done what was approved, and
-    calling again cannot mend that. Unknown, for a person, never retried by itself."""
+    another effect than the one approved has not done what was approved, and calling again
+    cannot mend that. Unknown, for a person, never retried by itself."""
     if result.outcome not in (CallOutcome.SUCCEEDED, CallOutcome.ACCEPTED):
         return result
-    mismatch = adapter.disagreement(payload=op_snapshot.payload, facts=result.result)
-    if not mismatch:
+    reason = _not_the_approved_effect(adapter, op_snapshot, result.result)
+    if not reason:
         return result
     return replace(
         result, outcome=CallOutcome.UNKNOWN, error_class=NOT_THE_APPROVED_EFFECT,
-        error_message=f"{mismatch}: not the approved effect; a person decides",
+        error_message=reason,
     )
+
 
 _ATTEMPT_OUTCOME = {
     LookupOutcome.FOUND: AttemptOutcome.FOUND,

@@ -51,6 +51,7 @@ class _Verified:
     provider: str
     started_at: datetime
     finished_at: datetime
+    problem: str  # why the answer does not back the resolution; empty when it does
 
 
 def operation_resolve(
@@ -83,11 +84,12 @@ def operation_resolve(
         raise _unresolvable(op, outcome)
     if seen_status_changed_at is not None and op.status_changed_at != seen_status_changed_at:
         raise _moved_on(op)
-    verified = (
-        _reference_verify(op, reference=reference, outcome=outcome, actor=actor,
-                          asked={"evidence": evidence_text, "reason": reason})
-        if reference else None
-    )
+    verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
+    if verified is not None and verified.problem:
+        _reference_refusal_record(op, verified, actor=actor, facts={
+            "outcome": outcome, "provider_reference": reference, "evidence": evidence_text,
+            "reason": reason})
+        raise ReferenceRefused(verified.problem)
     fields: dict[str, Any] = {"resolved_manually": True}
     if outcome == S.FAILED:
         fields.update(error_code="resolved_failed", error_message=evidence_text[:500])
@@ -141,11 +143,10 @@ def _moved_on(op: Operation) -> TransitionRefused:
     )
 
 
-def _reference_verify(
-    op: Operation, *, reference: str, outcome: str, actor: AbstractUser, asked: dict[str, str]
-) -> _Verified:
-    """Ask the provider about the reference, outside any transaction; refused unless it
-    confirms the outcome for this operation."""
+def _reference_verify(op: Operation, *, reference: str, outcome: str) -> _Verified:
+    """Ask the provider about the reference, outside any transaction: what it answered, and
+    why that does not confirm the outcome for this operation, if it does not. A reference
+    that is not an id is refused without asking."""
     if len(reference) > 120 or not REFERENCE.fullmatch(reference):
         raise ReferenceRefused(
             f"{reference!r} is not a provider id (letters, digits and _ . : - only); "
@@ -157,13 +158,8 @@ def _reference_verify(
     found = lookup_guarded(op.id, lambda: adapter.retrieve(reference))
     problem = _reference_problem(op, found, reference=reference, outcome=outcome,
                                  provider=provider)
-    verified = _Verified(found=found, provider=provider, started_at=started_at,
-                         finished_at=timezone.now())
-    if problem:
-        _reference_refusal_record(op, verified, actor=actor, problem=problem, facts={
-            "outcome": outcome, "provider_reference": reference, **asked})
-        raise ReferenceRefused(problem)
-    return verified
+    return _Verified(found=found, provider=provider, started_at=started_at,
+                     finished_at=timezone.now(), problem=problem)
 
 
 def _reference_problem(
@@ -214,10 +210,8 @@ def _reference_problem(
     return ""
 
 
-
 def _reference_refusal_record(
-    op: Operation, verified: _Verified, *, actor: AbstractUser, problem: str,
-    facts: dict[str, str],
+    op: Operation, verified: _Verified, *, actor: AbstractUser, facts: dict[str, str]
 ) -> None:
     """What the provider said about a reference it did not confirm is evidence too (it may
     name another operation's payment, or another sum), and the question was a call to the
@@ -230,18 +224,19 @@ def _reference_refusal_record(
             operation_id=op.id, kind=EvidenceKind.LOOKUP, from_status=status,
             to_status=status, actor=actor,
             summary=f"{actor.username}'s reference {facts['provider_reference']} was not "
-            f"accepted: {problem}",
+            f"accepted: {verified.problem}",
             # Not the provider's object itself: it may be another tenant's payment, which
-            # the problem above already words without naming what is not theirs.
+            # the problem words without naming what is not theirs.
             data={"attempt": attempt.number, "method": verified.found.method or "",
                   "provider_request_id": verified.found.provider_request_id,
-                  "problem": problem, **facts},
+                  "problem": verified.problem, **facts},
         )
         audit_event_record(
             actor=actor, action=f"operation.resolve_{facts['outcome']}_refused",
-            tenant=op.tenant, object_type="operation", object_id=op.id, reason=problem,
+            tenant=op.tenant, object_type="operation", object_id=op.id, reason=verified.problem,
             after=facts,
         )
+
 
 def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
     """The lookup that confirmed the reference, as reconcile records its lookups. Written

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
+from operations.policy import policy_version_current
 from operations.selectors import tenant_access_require, tenant_ids_for_user
 
 P = ApprovalStatus
@@ -32,6 +33,15 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     tenant_access_require(user, approval.operation.tenant, perm, what="approval")
     return approval
 
+
+
+def approval_policy_moved_to(approval: Approval) -> str:
+    """The policy version now in force when it is not the one this intent was prepared and
+    put up under (approving it would be refused: the engine runs intents of the policy in
+    force only); empty while theirs is."""
+    current = policy_version_current(approval.operation.action)
+    return current if {approval.policy_version, approval.operation.policy_version} != {
+        current} else ""
 
 def approvals_of_operation(operation_id: str) -> list[Approval]:
     """Every request for one intent, newest first. For a caller that has already checked

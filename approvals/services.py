@@ -11,10 +11,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
+from approvals.selectors import approval_policy_moved_to
 from operations.engine import AuthorizationRefused, operation_authorize, operation_cancel
 from operations.intents import secret_in_text
 from operations.models import Operation, Tenant
-from operations.policy import policy_for, policy_version_current
+from operations.policy import policy_for
 from operations.selectors import tenants_for_user
 from operations.services import audit_event_record
 from operations.tasks import execute_on_commit
@@ -181,11 +182,11 @@ def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
                     "it may have been tampered with. Nothing was approved.",
                     code="tampered",
                 )
-            current = policy_version_current(op.action)
-            if approval.policy_version != current or op.policy_version != current:
+            in_force = approval_policy_moved_to(approval)
+            if in_force:
                 raise ApprovalRefused(
                     f"This intent was prepared under policy {approval.policy_version}, and "
-                    f"{current} is now in force; the agent must prepare it again.",
+                    f"{in_force} is now in force; the agent must prepare it again.",
                     code="policy_changed",
                 )
             if actor.pk is not None and actor.pk in {op.created_by_id, getattr(

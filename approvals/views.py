@@ -16,6 +16,7 @@ from approvals.models import Approval
 from approvals.selectors import (
     approval_counts,
     approval_for_user,
+    approval_policy_moved_to,
     approvals_for_user,
     approvals_of_operation,
     approvals_queue_page,
@@ -25,7 +26,6 @@ from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
-from operations.policy import policy_version_current
 from operations.selectors import tenants_for_user
 
 QUEUE_PAGE_SIZE = 20
@@ -34,7 +34,6 @@ QUEUE_PAGE_SIZE = 20
 def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, Any]:
     op = approval.operation
     now = timezone.now()
-    current = policy_version_current(op.action)
     summary = intent_summary(action=op.action, payload=op.payload, unmasked=unmasked)
     diff = []
     if op.supersedes_id:
@@ -59,10 +58,9 @@ def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, 
         ),
         "expired_in_fact": approval.is_pending and approval.expires_at <= now,
         "can_decide": can_decide and approval.is_pending and approval.expires_at > now,
-        # Approving would be refused (the engine runs intents of the policy in force only):
-        # the card says so and leaves the approver Reject, which tells the agent why.
-        "policy_in_force": current if approval.is_pending and {
-            approval.policy_version, op.policy_version} != {current} else "",
+        # Approving would be refused: the card says so and leaves the approver Reject,
+        # which tells the agent why.
+        "policy_in_force": approval_policy_moved_to(approval) if approval.is_pending else "",
         "error": "",
         "notice": "",
     }

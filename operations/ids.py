@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from django.urls.converters import StringConverter
 from ulid import ULID
 
 PREFIXES = frozenset({"conv", "run", "cp", "cmd", "op", "apr", "evt"})
@@ -30,15 +31,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_monotonic_ulid()}"
 
 
-class PathIdConverter:
+class PathIdConverter(StringConverter):
     """An id in a URL: what `str` takes, but never a NUL byte (PostgreSQL refuses one in a
     text value, so a crafted /operations/%00/ would answer 500, not 404) and never longer
     than an id column holds."""
 
     regex = r"[^/\x00]{1,40}"
-
-    def to_python(self, value: str) -> str:
-        return value
-
-    def to_url(self, value: str) -> str:
-        return value

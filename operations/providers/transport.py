@@ -24,6 +24,8 @@ from operations.providers.base import (
     request_fingerprint,
 )
 
+# A 5xx the provider kept for our key and answers again: a call with that key cannot succeed.
+REPLAYED_5XX = "replayed_5xx"
 # A lookup that failed on the wire may well work a little later; a person is not needed yet.
 LOOKUP_RETRY_AFTER = timedelta(seconds=30)
 
@@ -35,6 +37,9 @@ class Answer:
     request_id: str = ""
     transport_error: str = ""  # "timeout" | "connection"
     message: str = ""
+    # The provider answered with what it kept for our Idempotency-Key, not by running the
+    # request again (Stripe's `Idempotent-Replayed: true`).
+    replayed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -116,7 +121,10 @@ def send(
         body = {}
     if not isinstance(body, dict):
         body = {"data": body}
-    return Answer(response.status_code, body, response.headers.get("Request-Id", ""))
+    return Answer(
+        response.status_code, body, response.headers.get("Request-Id", ""),
+        replayed=response.headers.get("Idempotent-Replayed", "").lower() == "true",
+    )
 
 
 def path_segment(value: str) -> str:
@@ -165,6 +173,10 @@ def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
     if answer.status is None:
         return CallOutcome.UNKNOWN, answer.transport_error, message
     if answer.status >= 500:
+        if answer.replayed:
+            # Stripe keeps the answer of a request that began to run, a 500 included, and
+            # gives it to every retry with that key for as long as it keeps the key.
+            return CallOutcome.UNKNOWN, REPLAYED_5XX, f"replayed for this key: {message}"
         return CallOutcome.UNKNOWN, "http_5xx", message
     if answer.status == 409:
         if error.get("code") == "version_conflict":

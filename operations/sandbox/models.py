@@ -39,6 +39,7 @@ class FaultKind(models.TextChoices):
     DELAY = "delay", "Sleep before doing anything"
     HTTP_500 = "http_500", "Answer 500 without doing anything"
     HTTP_500_AFTER_COMMIT = "http_500_after_commit", "Commit, then answer 500"
+    HTTP_500_KEPT = "http_500_kept", "Answer 500 and keep it for the key, creating nothing"
     VALIDATION_ERROR = "validation_error", "Answer 400 invalid_request_error"
     SEARCH_LAG = "search_lag", "Search misses recent objects"
     DUPLICATE_WEBHOOK = "duplicate_webhook", "Send a webhook twice"

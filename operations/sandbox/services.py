@@ -288,6 +288,28 @@ def idempotency_claim(*, key: str, fingerprint: str) -> tuple[IdempotencyRecord,
     raise SandboxStateError(f"could not claim idempotency key {key!r}")
 
 
+def idempotency_answer_keep(
+    *, key: str, fingerprint: str, status: int, body: dict[str, Any]
+) -> bool:
+    """Claim a free key with this answer already kept, as Stripe keeps the answer of a
+    request that began to run, a 500 included. False when the key is not free: it keeps
+    what it holds."""
+    record, claimed = idempotency_claim(key=key, fingerprint=fingerprint)
+    if claimed:
+        IdempotencyRecord.objects.filter(pk=record.pk, response_status__isnull=True).update(
+            response_status=status, response_body=body
+        )
+    return claimed
+
+
+def idempotency_answer_replace(*, key: str, status: int, body: dict[str, Any]) -> None:
+    """The answer a finished request gave in the end (a 500 after its work was saved) is the
+    one the key gives every retry."""
+    IdempotencyRecord.objects.filter(key=key, response_status__isnull=False).update(
+        response_status=status, response_body=body
+    )
+
+
 def idempotency_release(*, record: IdempotencyRecord) -> None:
     # Stripe saves no result when a request failed validation: the key may be used again.
     IdempotencyRecord.objects.filter(pk=record.pk, response_status__isnull=True).delete()

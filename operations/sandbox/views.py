@@ -43,7 +43,7 @@ MAX_LENGTHS = {
 READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
     FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
-    FaultKind.COMMIT_THEN_DROP, FaultKind.HTTP_500_AFTER_COMMIT,
+    FaultKind.COMMIT_THEN_DROP, FaultKind.HTTP_500_AFTER_COMMIT, FaultKind.HTTP_500_KEPT,
 )
 
 Params = dict[str, Any]
@@ -58,6 +58,10 @@ def error(status: int, *, type: str, code: str, message: str, **extra: Any) -> J
 
 def invalid(message: str, *, code: str = "parameter_invalid", param: str = "") -> JsonResponse:
     return error(400, type="invalid_request_error", code=code, message=message, param=param)
+
+
+def _server_error(message: str) -> JsonResponse:
+    return error(500, type="api_error", code="sandbox_fault", message=message)
 
 
 def _not_allowed(request: HttpRequest) -> JsonResponse:
@@ -129,11 +133,21 @@ def _answer(
         provider=provider, kinds=kinds, operation_ids=[operation_id]
     )
     kind = fault.kind if fault else ""
+    # Only the payments API keeps answers by key (Stripe's idempotency layer).
+    key = request.headers.get("Idempotency-Key", "") if provider == Provider.PAYMENTS else ""
     if kind == FaultKind.DELAY:
         _stall(services.fault_seconds(fault))
     elif kind == FaultKind.HTTP_500:
-        return error(500, type="api_error", code="sandbox_fault",
-                     message="An error occurred while processing your request.")
+        return _server_error("An error occurred while processing your request.")
+    elif kind == FaultKind.HTTP_500_KEPT:
+        failed = _server_error("An error occurred while processing your request.")
+        # Stripe keeps the answer of a request that began to run, a 500 included, and gives
+        # it to every retry with the key. A key that already holds an answer keeps it.
+        if not key or services.idempotency_answer_keep(
+            key=key, fingerprint=request.params_fingerprint, status=500,
+            body=json.loads(failed.content),
+        ):
+            return failed
     elif kind == FaultKind.VALIDATION_ERROR:
         return invalid("Sandbox fault: the request was refused as invalid",
                        code="sandbox_validation_error")
@@ -143,8 +157,13 @@ def _answer(
             # The write is committed; the client gives up before this answer arrives.
             _stall(services.fault_seconds(fault))
         elif kind == FaultKind.HTTP_500_AFTER_COMMIT:
-            return error(500, type="api_error", code="sandbox_fault",
-                         message="An error occurred after the change was saved.")
+            failed = _server_error("An error occurred after the change was saved.")
+            if key and response.get("Idempotent-Replayed") != "true":
+                # What the key gives every retry from now on, as Stripe would.
+                services.idempotency_answer_replace(
+                    key=key, status=500, body=json.loads(failed.content)
+                )
+            return failed
     return response
 
 

@@ -128,7 +128,6 @@ def test_it_is_unknown_after_commit_then_drop_yet_one_payment_exists_and_is_foun
     ("kind", "outcome", "error_class", "payments_made"),
     [
         ("http_500", CallOutcome.UNKNOWN, "http_5xx", 0),
-        ("http_500_after_commit", CallOutcome.UNKNOWN, "http_5xx", 1),
         ("validation_error", CallOutcome.FAILED, "validation", 0),
     ],
 )
@@ -144,6 +143,26 @@ def test_it_maps_provider_errors(sandbox, kind, outcome, error_class, payments_m
     # The key was not spent by a request that did nothing: the retry makes exactly one.
     assert PAYMENTS.call(op).outcome is CallOutcome.SUCCEEDED
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "payments_made"), [("http_500_after_commit", 1), ("http_500_kept", 0)]
+)
+def test_it_tells_a_500_the_provider_kept_for_the_key_from_a_fresh_one(
+    sandbox, kind, payments_made
+):
+    op = payment()
+    sandbox_fault_set(provider="payments", kind=kind, match=op.id)
+
+    first = PAYMENTS.call(op)
+    retry = PAYMENTS.call(op)
+
+    # Both unknown: a payment may exist (after_commit) or not (kept); a lookup tells.
+    assert (first.outcome, first.error_class) == (CallOutcome.UNKNOWN, "http_5xx")
+    assert (retry.outcome, retry.error_class) == (CallOutcome.UNKNOWN, "replayed_5xx")
+    assert retry.http_status == 500 and retry.error_message.startswith("replayed for this key")
+    assert PaymentIntent.objects.count() == payments_made
+    assert sandbox_writes(provider="payments", operation_id=op.id).count() == 2
 
 
 def test_it_is_unknown_on_connection_refused(settings):

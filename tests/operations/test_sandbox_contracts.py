@@ -96,6 +96,52 @@ def test_it_replays_a_keyed_create_with_stripes_status_body_and_header(sandbox):
             counts["requests"]) == (2, 2, 2, 3)
 
 
+@pytest.mark.parametrize(("kind", "payments_made"),
+                         [("http_500_after_commit", 1), ("http_500_kept", 0)])
+def test_it_keeps_a_500_for_the_key_and_replays_it_as_stripe_does(sandbox, kind, payments_made):
+    sandbox_fault_set(provider="payments", kind=kind, match="op_contract")
+
+    first = create_payment(sandbox, VALID_PAYMENT, key="key-500")
+    again = create_payment(sandbox, VALID_PAYMENT, key="key-500")
+    other_params = create_payment(sandbox, {**VALID_PAYMENT, "amount": "2000"}, key="key-500")
+
+    assert first.status_code == again.status_code == 500
+    assert "Idempotent-Replayed" not in first.headers
+    assert again.headers["Idempotent-Replayed"] == "true" and again.json() == first.json()
+    assert other_params.status_code == 400
+    assert other_params.json()["error"]["type"] == "idempotency_error"
+    assert PaymentIntent.objects.count() == payments_made
+    assert IdempotencyRecord.objects.get(key="key-500").response_status == 500
+
+
+def test_it_keeps_no_500_where_there_is_no_key_to_keep_it_under(sandbox):
+    sandbox_fault_set(provider="payments", kind="http_500_kept", match="op_contract")
+    sandbox_fault_set(provider="payments", kind="http_500_after_commit", match="op_contract")
+
+    kept = create_payment(sandbox, VALID_PAYMENT)
+    after_commit = create_payment(sandbox, VALID_PAYMENT)
+    plain = create_payment(sandbox, VALID_PAYMENT)
+
+    assert (kept.status_code, after_commit.status_code, plain.status_code) == (500, 500, 200)
+    assert PaymentIntent.objects.count() == 2 and IdempotencyRecord.objects.count() == 0
+
+
+def test_it_leaves_a_key_that_already_holds_an_answer_as_it_is(sandbox):
+    first = create_payment(sandbox, VALID_PAYMENT, key="key-held")
+    sandbox_fault_set(provider="payments", kind="http_500_kept", match="op_contract")
+    sandbox_fault_set(provider="payments", kind="http_500_after_commit", match="op_contract")
+
+    # The kept-500 fault finds the key taken: the saved success is replayed. The fault after
+    # commit turns a replay's answer into a 500 but nothing ran, so the key keeps its 200.
+    replayed = create_payment(sandbox, VALID_PAYMENT, key="key-held")
+    failed = create_payment(sandbox, VALID_PAYMENT, key="key-held")
+    later = create_payment(sandbox, VALID_PAYMENT, key="key-held")
+
+    assert (replayed.status_code, failed.status_code, later.status_code) == (200, 500, 200)
+    assert replayed.json() == later.json() == first.json()
+    assert PaymentIntent.objects.count() == 1
+
+
 def test_it_takes_over_a_key_whose_first_request_died_but_only_with_the_same_params(sandbox):
     long_ago = timezone.now() - timedelta(seconds=61)
     op, other = payment(), payment()

@@ -55,6 +55,7 @@ from operations.providers.base import (
     OperationSnapshot,
     ProviderAdapter,
 )
+from operations.providers.transport import REPLAYED_5XX
 from operations.services import audit_event_record
 
 
@@ -146,6 +147,19 @@ def operation_reconcile(
         )
     return _record_lookup(
         op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
+    )
+
+
+def _key_answers_a_kept_error(op: Operation) -> bool:
+    """Whether the newest call got back a 5xx the provider kept for the key (Stripe keeps
+    the answer of a request that began to run, and replays it for as long as it keeps the
+    key): calling again with the same key would only fetch it once more."""
+    return (
+        op.attempts.filter(kind=AttemptKind.CALL)
+        .order_by("-number")
+        .values_list("error_class", flat=True)
+        .first()
+        == REPLAYED_5XX
     )
 
 
@@ -245,6 +259,15 @@ def _record_lookup(
             EffectClass.CREATE_WITH_NATURAL_KEY,
             EffectClass.VERSIONED_UPDATE,
         )
+        if may_call and _key_answers_a_kept_error(op):
+            _lookup_noted(
+                op, calls_before=calls_before,
+                summary="proven absent, but the provider answers this operation's idempotency "
+                "key with the 5xx it kept for it: a call with the key cannot succeed, and "
+                "only a new intent has a new key; a person decides", data=data, actor=actor,
+                next_reconcile_at=None,
+            )
+            return ReconcileReport(op.id, "absent", op.status, "the key answers a kept error")
         max_calls = settings.OPERATION_MAX_AUTOMATIC_CALLS
         if may_call and op.provider_calls >= max_calls:
             # A provider that fails the same request every time (a 5xx it always gives)

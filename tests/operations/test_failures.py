@@ -257,6 +257,37 @@ def test_it_stops_calling_a_provider_that_always_fails_and_asks_a_person(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_stops_calling_with_a_key_the_provider_answers_with_a_kept_500(
+    acme, approver, providers
+):
+    # Stripe kept the 500 of a request that began to run and created nothing: every call
+    # with this key gets that 500 back, so only the first retry is worth making.
+    op = executed_into_a_fault(acme, approver, "http_500_kept")
+    assert (op.status, op.error_code) == (S.UNKNOWN, "http_5xx")
+    first_lookup = engine.operation_reconcile(operation_id=op.id)
+    assert (first_lookup.outcome, first_lookup.may_call_again) == ("absent", True)
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+    op.refresh_from_db()
+    assert (op.status, op.error_code) == (S.UNKNOWN, "replayed_5xx")
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    assert (report.outcome, report.detail, report.may_call_again) == (
+        "absent", "the key answers a kept error", False)
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.next_reconcile_at is None  # a person's queue
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert "only a new intent has a new key" in op.evidence.filter(kind="lookup").last().summary
+    posts = list(payment_posts(op))
+    assert len(posts) == op.provider_calls == 2
+    assert {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert len({p.params_hash for p in posts}) == 1
+    assert [p.response_status for p in posts] == [500, 500]
+    assert PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_fails_a_refused_intent_without_retrying(acme, approver, providers):
     op = authorized_payment(acme, approver)
     sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)

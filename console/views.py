@@ -33,6 +33,7 @@ from operations.selectors import (
     keyset_page,
     tenants_for_user,
 )
+from operations.services import audit_trail_export_record
 
 AUDIT_PAGE_SIZE = 50
 
@@ -192,6 +193,7 @@ def audit_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
             f"The filter was not applied ({problems}); nothing was exported.",
             content_type="text/plain",
         )
+    audit_trail_export_record(actor=request.user, filters=form.filters())
     events = audit_events_for_user(request.user, filters=form.filters(), perm="export_audit")
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from operations.models import AuditEvent, Tenant
+from operations.selectors import AuditFilters, tenants_for_user
 
 
 def audit_event_record(
@@ -34,6 +36,25 @@ def audit_event_record(
             before=before,
             after=after,
         )
+
+
+def audit_trail_export_record(*, actor: AbstractBaseUser, filters: AuditFilters) -> int:
+    """An export takes the trail out of the console: each tenant it covers records who took
+    it and with which filters, on that tenant's own trail (its auditors see it, no one
+    else's do). Returns how many tenants it covered."""
+    applied = {
+        name: value.isoformat() if hasattr(value, "isoformat") else value
+        for name, value in asdict(filters).items()
+        if value
+    }
+    with transaction.atomic():
+        tenants = list(tenants_for_user(actor, "export_audit").order_by("slug"))
+        for tenant in tenants:
+            audit_event_record(
+                actor=actor, action="audit.export", tenant=tenant, object_type="audit_trail",
+                object_id=tenant.slug, after={"filters": applied},
+            )
+    return len(tenants)
 
 
 def tenant_create(

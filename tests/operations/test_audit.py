@@ -261,3 +261,40 @@ def test_it_names_the_system_as_the_actor_of_its_own_events_in_the_csv(acme, aud
     (header, row) = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert dict(zip(header, row, strict=True))["actor"] == "system"
     assert "<td>system</td>" in page
+
+
+@pytest.mark.django_db
+def test_it_records_each_export_on_the_trail_of_every_tenant_it_covers(
+    trail, acme, globex, auditor, other_tenant_user
+):
+    from console.roles import role_grant
+
+    role_grant(user=auditor, role="Auditor", tenant=globex)
+    client = Client()
+    client.force_login(auditor)
+
+    response = client.get("/audit.csv", {"action": "intent.reject", "since": "2026-01-01T00:00"})
+    b"".join(response.streaming_content)
+
+    exports = AuditEvent.objects.filter(action="audit.export").order_by("tenant__slug")
+    assert [(e.tenant.slug, e.actor_username, e.object_id) for e in exports] == [
+        ("acme", "auditor", "acme"), ("globex", "auditor", "globex")]
+    assert exports[0].after == {"filters": {"action": "intent.reject",
+                                            "since": "2026-01-01T00:00:00+00:00"}}
+    # Each tenant's own auditors see that its trail left the console; a tenant the export
+    # did not cover sees nothing of it.
+    role_grant(user=other_tenant_user, role="Auditor", tenant=globex)
+    client.force_login(other_tenant_user)
+    page = client.get("/audit/", {"action": "audit.export"}).content.decode()
+    assert "<td>auditor</td>" in page and "acme" not in page
+
+
+@pytest.mark.django_db
+def test_it_records_no_export_that_was_refused(trail, auditor, approver):
+    client = Client()
+    client.force_login(approver)
+    assert client.get("/audit.csv").status_code == 403
+    client.force_login(auditor)
+    assert client.get("/audit.csv", {"since": "not-a-date"}).status_code == 400
+
+    assert not AuditEvent.objects.filter(action="audit.export").exists()

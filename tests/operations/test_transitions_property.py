@@ -2,7 +2,8 @@
 
 The provider here is an in-memory model of a Stripe-like API (same-key dedup, lookup by
 operation id) whose faults Hypothesis chooses: a lost answer after commit, a 5xx before
-commit, a refusal, an inconclusive lookup. The engine, the database, the transition table and
+commit, a 5xx the provider keeps for the key (as Stripe does once a request began to run), a
+refusal, an inconclusive lookup. The engine, the database, the transition table and
 the conditional updates are the real ones.
 """
 
@@ -47,6 +48,7 @@ class ProviderModel:
     # as at a real provider, so a second key would show here as a second effect.
     effects: list[dict] = field(default_factory=list)
     keys: dict[str, dict] = field(default_factory=dict)  # idempotency key -> its effect
+    kept_5xx: set[str] = field(default_factory=set)  # keys whose kept answer is a 500
     call_faults: list[str] = field(default_factory=list)
     lookup_faults: list[str] = field(default_factory=list)
     log: list[tuple[str, str]] = field(default_factory=list)
@@ -56,6 +58,13 @@ class ProviderModel:
         fault = self.call_faults.pop(0) if self.call_faults else "ok"
         params = dict(op.payload)
         self.sent.append((op.idempotency_key, request_fingerprint(params)))
+        if op.idempotency_key in self.kept_5xx:
+            self.log.append(("call", "replayed"))
+            return CallResult(outcome=CallOutcome.UNKNOWN, error_class="replayed_5xx")
+        if fault == "5xx_kept" and op.idempotency_key not in self.keys:
+            self.kept_5xx.add(op.idempotency_key)
+            self.log.append(("call", "unknown"))
+            return CallResult(outcome=CallOutcome.UNKNOWN, error_class="http_5xx")
         if fault == "5xx_before_commit":
             self.log.append(("call", "unknown"))
             return CallResult(outcome=CallOutcome.UNKNOWN, error_class="http_5xx")
@@ -106,11 +115,14 @@ EVENTS = st.sampled_from([
 @given(
     events=st.lists(EVENTS, min_size=1, max_size=12),
     call_faults=st.lists(st.sampled_from(["ok", "lost_after_commit", "5xx_before_commit",
-                                          "refused"]), max_size=6),
+                                          "5xx_kept", "refused"]), max_size=6),
     lookup_faults=st.lists(st.sampled_from(["truthful", "inconclusive"]), max_size=6),
 )
 # Always tried, not left to chance: a retry after proven absence (same key, same params).
 @example(events=["execute", "execute"], call_faults=["5xx_before_commit"], lookup_faults=[])
+# And one retry only, where the key's kept answer is a 500 that every retry would get.
+@example(events=["execute", "execute", "execute", "reconcile", "execute"],
+         call_faults=["5xx_kept"], lookup_faults=[])
 def test_it_never_makes_two_effects_or_changes_the_hash(
     acme, admin_user, monkeypatch, events, call_faults, lookup_faults
 ):
@@ -164,10 +176,13 @@ def test_it_never_makes_two_effects_or_changes_the_hash(
     # An unknown outcome is never followed by a call unless a lookup proved absence first.
     last_result = None
     for kind, result in provider.log:
-        if kind == "call" and last_result == ("call", "unknown"):
+        if kind == "call" and last_result in (("call", "unknown"), ("call", "replayed")):
             pytest.fail(f"call after an unknown without a lookup: {provider.log}")
         if kind == "call" and last_result in (("lookup", "inconclusive"), ("lookup", "found")):
             pytest.fail(f"call after a lookup that did not prove absence: {provider.log}")
         last_result = (kind, result)
+    # A key that answers with its kept 500 is never called again: it cannot succeed.
+    calls = [result for kind, result in provider.log if kind == "call"]
+    assert "replayed" not in calls[:-1], provider.log
     if op.status == S.SUCCEEDED and not op.resolved_manually:
         assert op.external_id == provider.effect_of(op.id)["id"]

@@ -61,6 +61,17 @@ def executed_into_a_fault(tenant, approver, kind: str) -> Operation:
     return op
 
 
+def assert_left_to_a_person(op: Operation, report, *, detail: str, summary: str) -> None:
+    """Proven absent and not called again: no automatic call or check is left, only the
+    operators' queue, and the evidence says why."""
+    assert (report.outcome, report.detail, report.may_call_again) == ("absent", detail, False)
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.next_reconcile_at is None
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert summary in op.evidence.filter(kind="lookup").last().summary
+
+
 WORKER_POOLS = pytest.mark.parametrize("pool", ["threads", "prefork"])
 
 
@@ -245,15 +256,10 @@ def test_it_stops_calling_a_provider_that_always_fails_and_asks_a_person(
         assert engine.operation_execute(operation_id=op.id).outcome == "called"
         report = engine.operation_reconcile(operation_id=op.id)
 
-    assert (report.outcome, report.detail, report.may_call_again) == (
-        "absent", "call limit reached", False)
-    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
-    op.refresh_from_db()
-    assert op.status == S.UNKNOWN and op.next_reconcile_at is None  # a person's queue
+    assert_left_to_a_person(op, report, detail="call limit reached",
+                            summary="no more automatic calls")
     assert op.provider_calls == 2 and len(payment_posts(op)) == 2
     assert PaymentIntent.objects.count() == 0
-    assert "no more automatic calls" in op.evidence.filter(kind="lookup").last().summary
-    assert op.id not in engine.operations_due_for_reconcile()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -272,13 +278,8 @@ def test_it_stops_calling_with_a_key_the_provider_answers_with_a_kept_500(
 
     report = engine.operation_reconcile(operation_id=op.id)
 
-    assert (report.outcome, report.detail, report.may_call_again) == (
-        "absent", "the key answers a kept error", False)
-    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
-    op.refresh_from_db()
-    assert op.status == S.UNKNOWN and op.next_reconcile_at is None  # a person's queue
-    assert op.id not in engine.operations_due_for_reconcile()
-    assert "only a new intent has a new key" in op.evidence.filter(kind="lookup").last().summary
+    assert_left_to_a_person(op, report, detail="the key answers a kept error",
+                            summary="only a new intent has a new key")
     posts = list(payment_posts(op))
     assert len(posts) == op.provider_calls == 2
     assert {p.idempotency_key for p in posts} == {op.idempotency_key}

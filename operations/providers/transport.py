@@ -187,11 +187,14 @@ def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
             return CallOutcome.UNKNOWN, "already_exists", message
         # Another request with our key is still running: its effect may or may not land.
         return CallOutcome.UNKNOWN, "concurrent_request", message
-    if answer.status == 400 and error.get("type") == "idempotency_error":
-        # Our key already names a request with other parameters: a person must look.
+    if error.get("type") == "idempotency_error":
+        # Our key already names a request with other parameters: a person must look. By the
+        # type, not only on a 400: Stripe's own client reads it on a 404 too.
         return CallOutcome.UNKNOWN, "idempotency_error", message
-    if answer.status == 429:
+    if answer.status == 429 or (answer.status == 400 and error.get("code") == "rate_limit"):
         # Rate limited: the provider did nothing, which a lookup will prove before a retry.
+        # (Stripe coded a rate limit as a 400 with code rate_limit before it used 429; its
+        # own client still reads both.)
         return CallOutcome.UNKNOWN, "rate_limited", message
     if 400 <= answer.status < 500:
         return CallOutcome.FAILED, "validation", message

@@ -591,6 +591,14 @@ def test_it_links_a_mail_event_by_the_operation_its_message_carries(settings):
         (Answer(409), CallOutcome.UNKNOWN, "concurrent_request"),
         (Answer(302), CallOutcome.UNKNOWN, "unexpected_status"),
         (Answer(422), CallOutcome.FAILED, "validation"),
+        # Stripe's error type and code outrank the status, as in Stripe's own client: a
+        # rate limit coded the old way did nothing, and a misused key is for a person.
+        (Answer(400, {"error": {"type": "invalid_request_error", "code": "rate_limit"}}),
+         CallOutcome.UNKNOWN, "rate_limited"),
+        (Answer(404, {"error": {"type": "idempotency_error"}}),
+         CallOutcome.UNKNOWN, "idempotency_error"),
+        (Answer(400, {"error": {"type": "invalid_request_error", "code": "amount_too_small"}}),
+         CallOutcome.FAILED, "validation"),
     ],
 )
 def test_it_calls_only_a_4xx_refusal_a_definite_failure(answer, outcome, error_class):

@@ -44,6 +44,9 @@ EVENT_STATUS: dict[str, CallOutcome] = {
     "payment_intent.succeeded": CallOutcome.SUCCEEDED,
     "payment_intent.payment_failed": CallOutcome.FAILED,
     "payment_intent.processing": CallOutcome.ACCEPTED,
+    # A failed attempt past Stripe's confirmation limit, or a rare cancel while processing,
+    # ends the payment here instead of in requires_payment_method: the same final answer.
+    "payment_intent.canceled": CallOutcome.FAILED,
 }
 
 

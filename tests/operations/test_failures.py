@@ -1379,6 +1379,29 @@ def test_it_applies_a_signed_event_once_and_answers_its_duplicate_200(
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_fails_a_pending_payment_on_stripes_canceled_event_without_calling_again(
+    acme, approver, providers, client, settings
+):
+    # Stripe ends a PaymentIntent as canceled, not requires_payment_method, once an attempt
+    # fails past its confirmation limit or a processing one is cancelled: a final answer.
+    op = async_payment(acme, approver)
+    body = json.dumps({
+        "id": "evt_canceled", "object": "event", "type": "payment_intent.canceled",
+        "created": int(time.time()),
+        "data": {"object": {"id": op.external_id, "status": "canceled", "amount": 150_000_000,
+                            "currency": "kzt", "metadata": {"operation_id": op.id}}},
+    }).encode()
+
+    answer = _signed_stripe_post(client, settings, body)
+
+    assert (answer.status_code, answer.json()["result"]) == (200, "applied")
+    op.refresh_from_db()
+    assert (op.status, op.error_code) == (S.FAILED, "provider_failed")
+    assert op.provider_calls == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "body",

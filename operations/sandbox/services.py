@@ -61,6 +61,8 @@ def sandbox_fault_set(
         raise ValueError(f"unknown fault kind {kind!r}; one of {', '.join(FaultKind.values)}")
     if times < 1:
         raise ValueError("times must be at least 1")
+    if kind == FaultKind.CARD_DECLINED and provider != Provider.PAYMENTS:
+        raise ValueError("only payments decline cards")
     return SandboxFault.objects.create(
         provider=provider, kind=kind, match=match or "*", remaining=times, params=params
     )
@@ -134,6 +136,17 @@ def payment_intent_json(intent: PaymentIntent) -> dict[str, Any]:
         "created": int(intent.created_at.timestamp()),
         "livemode": False,
     }
+
+
+# What Stripe puts in a declined attempt's last_payment_error and in its 402 answer.
+CARD_DECLINED = {"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+                 "message": "Your card was declined."}
+
+
+def card_declined_json(intent: dict[str, Any]) -> dict[str, Any]:
+    """Stripe's answer to a confirm=true create whose card is declined: a 402 card_error that
+    carries the PaymentIntent the request made, left in requires_payment_method."""
+    return {"error": {**CARD_DECLINED, "payment_intent": intent}}
 
 
 def deal_json(deal: Deal) -> dict[str, Any]:
@@ -317,29 +330,38 @@ def idempotency_release(*, record: IdempotencyRecord) -> None:
 
 def sandbox_payment_create(
     *, amount: int, currency: str, metadata: dict[str, str], confirm: bool,
-    claim: IdempotencyRecord | None = None,
+    claim: IdempotencyRecord | None = None, declined: bool = False,
 ) -> dict[str, Any]:
-    """Create the intent, its webhook and the saved idempotent response in one transaction."""
+    """Create the intent, its webhook and the saved idempotent response in one transaction.
+    A declined attempt still makes the intent; its key keeps the 402 (card_declined_json)."""
+    declined = declined and confirm
     if not confirm:
         status = "requires_confirmation"
+    elif declined:
+        status = "requires_payment_method"
     elif amount >= int(settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR):
         status = "processing"
     else:
         status = "succeeded"
     with transaction.atomic():
         intent = PaymentIntent.objects.create(
-            amount=amount, currency=currency, status=status, metadata=metadata
+            amount=amount, currency=currency, status=status, metadata=metadata,
+            last_payment_error=dict(CARD_DECLINED) if declined else None,
         )
         body = payment_intent_json(intent)
-        if status in {"succeeded", "processing"}:
+        event = "payment_failed" if declined else status
+        if event in {"succeeded", "processing", "payment_failed"}:
             sandbox_webhook_record(
-                provider=Provider.PAYMENTS, event_type=f"payment_intent.{status}", obj=body,
+                provider=Provider.PAYMENTS, event_type=f"payment_intent.{event}", obj=body,
                 operation_id=metadata.get("operation_id", ""),
             )
         if claim is not None:
             saved = IdempotencyRecord.objects.filter(
                 pk=claim.pk, response_status__isnull=True
-            ).update(response_status=200, response_body=body)
+            ).update(
+                response_status=402 if declined else 200,
+                response_body=card_declined_json(body) if declined else body,
+            )
             if not saved:
                 raise SandboxStateError("the idempotency claim was lost; nothing is created")
     return body

@@ -25,6 +25,7 @@ from operations.sandbox import selectors, services
 from operations.sandbox.models import (
     Deal,
     FaultKind,
+    IdempotencyRecord,
     Message,
     PaymentIntent,
     Provider,
@@ -222,6 +223,18 @@ def _payment_params(params: Params) -> tuple[dict[str, Any], JsonResponse | None
             "confirm": confirm == "true"}, None
 
 
+def _payment_made(fields: dict[str, Any], claim: IdempotencyRecord | None = None) -> JsonResponse:
+    # Taken only by a request that runs: a replay answers with what its key kept.
+    declined = fields["confirm"] and services.sandbox_fault_take(
+        provider=Provider.PAYMENTS, kinds=[FaultKind.CARD_DECLINED],
+        operation_ids=[fields["metadata"].get("operation_id", "")],
+    ) is not None
+    body = services.sandbox_payment_create(**fields, claim=claim, declined=declined)
+    if declined:
+        return JsonResponse(services.card_declined_json(body), status=402)
+    return JsonResponse(body)
+
+
 @endpoint(Provider.PAYMENTS)
 def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
     if request.method != "POST":
@@ -231,7 +244,7 @@ def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
     if not key:
         if problem:
             return problem
-        return JsonResponse(services.sandbox_payment_create(**fields))
+        return _payment_made(fields)
     record, claimed = services.idempotency_claim(key=key, fingerprint=request.params_fingerprint)
     if not claimed:
         if record.fingerprint != request.params_fingerprint:
@@ -253,11 +266,10 @@ def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
         services.idempotency_release(record=record)
         return problem
     try:
-        body = services.sandbox_payment_create(**fields, claim=record)
+        return _payment_made(fields, claim=record)
     except Exception:
         services.idempotency_release(record=record)
         raise
-    return JsonResponse(body)
 
 
 @endpoint(Provider.PAYMENTS)

@@ -114,6 +114,31 @@ def test_it_keeps_a_500_for_the_key_and_replays_it_as_stripe_does(sandbox, kind,
     assert IdempotencyRecord.objects.get(key="key-500").response_status == 500
 
 
+def test_it_declines_a_card_with_a_402_that_carries_the_intent_and_keeps_it_for_the_key(
+    sandbox,
+):
+    sandbox_fault_set(provider="payments", kind="card_declined", match="op_contract")
+    with pytest.raises(ValueError):
+        sandbox_fault_set(provider="crm", kind="card_declined")
+
+    first = create_payment(sandbox, VALID_PAYMENT, key="key-402")
+    again = create_payment(sandbox, VALID_PAYMENT, key="key-402")
+
+    # Stripe: the request ran and made the intent, which the failed attempt left in
+    # requires_payment_method; the 402 is the key's answer from then on.
+    assert first.status_code == again.status_code == 402
+    assert again.headers["Idempotent-Replayed"] == "true" and again.json() == first.json()
+    error = first.json()["error"]
+    assert (error["type"], error["code"]) == ("card_error", "card_declined")
+    intent = PaymentIntent.objects.get()
+    assert error["payment_intent"]["id"] == intent.id
+    assert intent.status == error["payment_intent"]["status"] == "requires_payment_method"
+    assert intent.last_payment_error["code"] == "card_declined"
+    assert list(SandboxWebhook.objects.values_list("type", flat=True)) == [
+        "payment_intent.payment_failed"]
+    assert IdempotencyRecord.objects.get(key="key-402").response_status == 402
+
+
 def test_it_keeps_no_500_where_there_is_no_key_to_keep_it_under(sandbox):
     sandbox_fault_set(provider="payments", kind="http_500_kept", match="op_contract")
     sandbox_fault_set(provider="payments", kind="http_500_after_commit", match="op_contract")

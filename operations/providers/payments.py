@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from operations.providers.base import (
 )
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
 from operations.providers.transport import (
+    Answer,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -64,6 +66,17 @@ def _facts(intent: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _attempted_intent(answer: Answer) -> Mapping[str, Any] | None:
+    """The PaymentIntent a refused create made anyway: Stripe answers a confirm=true create
+    whose card is declined with a 402 card_error whose `payment_intent` is that object."""
+    intent = answer.error.get("payment_intent")
+    if answer.status is None or not 400 <= answer.status < 500:
+        return None
+    if not isinstance(intent, dict) or not intent.get("id"):
+        return None
+    return intent
+
+
 class PaymentsCreateAdapter:
     @property
     def contract(self) -> ToolContract:
@@ -103,9 +116,22 @@ class PaymentsCreateAdapter:
             "POST", f"{self._base()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
             headers={"Idempotency-Key": op.idempotency_key}, data=params,
         )
-        return call_result(
+        result = call_result(
             answer, sent=params, outcome=lambda body: payment_status(str(body.get("status", ""))),
             facts=_facts,
+        )
+        intent = _attempted_intent(answer)
+        if intent is None:
+            return result
+        # The attempt failed, but the request made a PaymentIntent and the error carries it:
+        # that object is this operation's, and its status, not the HTTP status, says what
+        # became of the money (requires_payment_method: nothing moved).
+        outcome = payment_status(str(intent.get("status", "")))
+        failed = outcome is CallOutcome.FAILED
+        return replace(
+            result, outcome=outcome, external_id=str(intent["id"]), result=_facts(intent),
+            error_class=str(answer.error.get("code") or "card_error") if failed else "",
+            error_message=result.error_message if failed else "",
         )
 
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:

@@ -300,6 +300,24 @@ def test_it_fails_a_refused_intent_without_retrying(acme, approver, providers):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_fails_a_declined_payment_once_and_keeps_the_intent_stripe_made(
+    acme, approver, providers
+):
+    op = executed_into_a_fault(acme, approver, "card_declined")
+    engine.operation_execute(operation_id=op.id)
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    # The decline is final, and the intent it left at Stripe is this operation's.
+    assert (op.status, op.error_code, op.external_id) == (S.FAILED, "card_declined", intent.id)
+    assert intent.status == "requires_payment_method"
+    assert report.outcome == "nothing_to_do"
+    assert op.provider_calls == 1 and len(payment_posts(op)) == 1
+    assert op.attempts.get().http_status == 402
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_returns_the_stored_result_when_already_succeeded(acme, approver, providers):
     op = authorized_payment(acme, approver)
     assert op.next_reconcile_at is not None  # queued again if no worker ever claims it

@@ -145,6 +145,27 @@ def test_it_maps_provider_errors(sandbox, kind, outcome, error_class, payments_m
     assert PaymentIntent.objects.count() == 1
 
 
+def test_it_fails_a_declined_card_with_the_payment_intent_the_decline_left(sandbox):
+    op = payment()
+    sandbox_fault_set(provider="payments", kind="card_declined", match=op.id)
+
+    first = PAYMENTS.call(op)
+    retry = PAYMENTS.call(op)
+
+    # A definite failure, not unknown: but the 402 names the intent Stripe made, which the
+    # operation must point at, and the retry gets the same answer, not a second attempt.
+    intent = PaymentIntent.objects.get()
+    for result in (first, retry):
+        assert (result.outcome, result.error_class, result.http_status) == (
+            CallOutcome.FAILED, "card_declined", 402)
+        assert result.external_id == intent.id
+        assert result.result["status"] == "requires_payment_method"
+    assert sandbox_writes(provider="payments", operation_id=op.id).count() == 2
+    found = PAYMENTS.lookup(replace(op, external_id=first.external_id))
+    assert (found.outcome, found.status) == (LookupOutcome.FOUND, CallOutcome.FAILED)
+    assert PaymentIntent.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     ("kind", "payments_made"), [("http_500_after_commit", 1), ("http_500_kept", 0)]
 )

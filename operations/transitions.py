@@ -29,7 +29,9 @@ MANUAL: dict[str, frozenset[str]] = {
     S.SUCCEEDED: frozenset({S.DISPUTED}),
     S.FAILED: frozenset({S.DISPUTED}),
     S.DISPUTED: frozenset({S.SUCCEEDED, S.FAILED}),
-    S.CANCELLED: frozenset(),
+    # Closed as never done, yet the provider may report an effect after all (a search that
+    # trailed further than its usual lag): a person holds it, then resolves it.
+    S.CANCELLED: frozenset({S.DISPUTED}),
 }
 
 def sources(target: str, *, manual: bool = False) -> frozenset[str]:

@@ -127,6 +127,15 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         message = f"held for review: {mismatch}; {op.id} stays {op.status}, a person decides"
         _webhook_evidence(op, facts=facts, data=data, message=message)
         return "held", message
+    elif target is not None and _outcome_contradicted(op.status, target):
+        # The journal closed it (the provider refused it, or lookups proved it never done),
+        # and the provider now reports the effect: no reordering of events explains that.
+        message = (
+            f"held for review: the provider reports {target} "
+            f"({facts.external_id or 'no id'}); {op.id} stays {op.status}, a person decides"
+        )
+        _webhook_evidence(op, facts=facts, data=data, message=message)
+        return "held", message
     elif target is None:
         message = f"ignored: {facts.event_type} carries no status"
     elif target == op.status:
@@ -155,6 +164,18 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         return "ignored", "ignored: status moved meanwhile"
     _webhook_evidence(op, facts=facts, data=data, message=message)
     return "ignored", message
+
+
+def _outcome_contradicted(status: str, target: str) -> bool:
+    """Whether an event's outcome contradicts a closed one rather than trailing it. A late
+    "processing" after "failed" is only out of order; "succeeded" after it is money that
+    moved after all (a payment retried at the provider). Anything under way on an operation
+    closed as never done is an effect the lookups did not see."""
+    if status == S.FAILED:
+        return target == S.SUCCEEDED
+    if status == S.CANCELLED:
+        return target in (S.SUCCEEDED, S.ACCEPTED)
+    return False
 
 
 def _webhook_evidence(

@@ -776,7 +776,8 @@ def test_it_holds_a_provider_event_that_contradicts_a_person_for_review(
 
     client = signed_in(operator)
     page = client.get(f"/operations/{op.id}/").content.decode()
-    assert "The provider disagrees with the decision" in page and "pi_late" in page
+    assert "The provider disagrees with the journal" in page and "pi_late" in page
+    assert "by a person's decision" in page
     queue = client.get("/operations/unknown/").content.decode()
     assert 'id="held"' in queue and op.id in queue
     assert dashboard_metrics(operator)["held_for_review"] == 1
@@ -789,6 +790,75 @@ def test_it_holds_a_provider_event_that_contradicts_a_person_for_review(
     assert dashboard_metrics(operator)["held_for_review"] == 0
     assert "The provider disagrees" not in client.get(f"/operations/{op.id}/").content.decode()
     assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_reported_after_the_console_closed_the_operation_as_never_done(
+    acme, approver, operator, sandbox
+):
+    from operations.engine import operation_execute, webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from tests.operations.engine_helpers import authorized_payment
+
+    # The approval ran out before any call: the console closes it as never done.
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1))
+    operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == "cancelled" and _requests() == 0
+    # Yet the provider holds a payment for it (one its search did not show in time).
+    payment_id = _payment_at_provider(op)
+
+    def event(event_id: str, status: CallOutcome) -> tuple[str, str]:
+        return webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type=f"payment_intent.{status.value}", operation_id=op.id,
+            external_id=payment_id, status=status))
+
+    result, message = event("evt_paid_after_all", CallOutcome.SUCCEEDED)
+
+    op.refresh_from_db()
+    assert result == "held" and "provider reports succeeded" in message
+    assert (op.status, op.external_id) == ("cancelled", "")
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    assert "The provider disagrees with the journal" in page and payment_id in page
+    assert "by a person's decision" not in page and "Mark disputed" in page
+    assert 'id="held"' in client.get("/operations/unknown/").content.decode()
+
+    # A person holds it, checks the payment at the provider, and settles it with it.
+    operation_dispute(operation_id=op.id, actor=operator, reason="treasury sees the debit")
+    op = _resolve(op, operator, payment_id)
+    assert (op.status, op.external_id, op.resolved_manually) == ("succeeded", payment_id, True)
+    assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
+    assert not sandbox_writes(provider="payments").exists()
+    assert sandbox_counts()["payment_intents"] == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("closed", "reported", "result"),
+    [
+        ("failed", "succeeded", "held"),  # retried at the provider: the money moved
+        ("failed", "accepted", "ignored"),  # an earlier "processing", only out of order
+        ("cancelled", "accepted", "held"),  # under way, though closed as never done
+        ("succeeded", "accepted", "ignored"),
+    ],
+)
+def test_it_tells_a_contradicted_outcome_from_a_late_event(acme, closed, reported, result):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = prepared_payment(acme)
+    Operation.objects.filter(id=op.id).update(status=closed, external_id="pi_1")
+
+    outcome, _ = webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id=f"evt_{closed}_{reported}", event_type="payment_intent.x", operation_id=op.id,
+        external_id="pi_1", status=CallOutcome(reported)))
+
+    op.refresh_from_db()
+    assert (outcome, op.status) == (result, closed)
+    assert WebhookEvent.objects.get().needs_review == (result == "held")
 
 
 # --- a person's decision applies to what they saw, never to what the engine did since ------

@@ -311,6 +311,8 @@ def test_it_fails_a_declined_payment_once_and_keeps_the_intent_stripe_made(
     intent = PaymentIntent.objects.get()
     # The decline is final, and the intent it left at Stripe is this operation's.
     assert (op.status, op.error_code, op.external_id) == (S.FAILED, "card_declined", intent.id)
+    # Stripe's words are what an operator answering the customer reads as the reason.
+    assert op.error_message == "Your card was declined."
     assert intent.status == "requires_payment_method"
     assert report.outcome == "nothing_to_do"
     assert op.provider_calls == 1 and len(payment_posts(op)) == 1

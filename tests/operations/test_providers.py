@@ -167,6 +167,31 @@ def test_it_fails_a_declined_card_with_the_payment_intent_the_decline_left(sandb
 
 
 @pytest.mark.parametrize(
+    ("status", "error_type", "intent_status", "outcome", "error_class", "external_id"),
+    [
+        # An intent still under way is money that may yet move, whatever the HTTP status:
+        # calling it failed would invite a second payment for the same invoice.
+        (402, "card_error", "processing", CallOutcome.ACCEPTED, "", "pi_attempted"),
+        # A 5xx is no refusal: the intent it names may still move, so a lookup decides.
+        (500, "api_error", "requires_payment_method", CallOutcome.UNKNOWN, "http_5xx", ""),
+    ],
+)
+def test_it_takes_the_intent_a_refusal_carries_for_its_status_only_on_a_4xx(
+    monkeypatch, status, error_type, intent_status, outcome, error_class, external_id
+):
+    intent = {"id": "pi_attempted", "object": "payment_intent", "status": intent_status,
+              "amount": 12_500, "currency": "eur"}
+    answer = Answer(status, {"error": {"type": error_type, "code": "card_declined",
+                                       "message": "x", "payment_intent": intent}})
+    monkeypatch.setattr("operations.providers.payments.send", lambda *args, **kwargs: answer)
+
+    result = PAYMENTS.call(payment())
+
+    assert (result.outcome, result.error_class, result.external_id) == (
+        outcome, error_class, external_id)
+
+
+@pytest.mark.parametrize(
     ("kind", "payments_made"), [("http_500_after_commit", 1), ("http_500_kept", 0)]
 )
 def test_it_tells_a_500_the_provider_kept_for_the_key_from_a_fresh_one(

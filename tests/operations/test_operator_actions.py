@@ -820,12 +820,18 @@ def test_it_holds_a_payment_reported_after_the_console_closed_the_operation_as_n
     op.refresh_from_db()
     assert result == "held" and "provider reports succeeded" in message
     assert (op.status, op.external_id) == ("cancelled", "")
+    # The timeline says why it still reads cancelled while the provider reports a payment.
+    held = op.evidence.filter(kind="webhook").get()
+    assert "held for review" in held.summary and held.to_status == "cancelled"
     client = signed_in(operator)
     page = client.get(f"/operations/{op.id}/").content.decode()
     assert "The provider disagrees with the journal" in page and payment_id in page
     assert "by a person's decision" not in page and "Mark disputed" in page
     assert 'id="held"' in client.get("/operations/unknown/").content.decode()
 
+    # Not settled straight from cancelled: a person first holds it, with a reason on record.
+    with pytest.raises(TransitionRefused, match="cannot be resolved as succeeded"):
+        _resolve(op, operator, payment_id)
     # A person holds it, checks the payment at the provider, and settles it with it.
     operation_dispute(operation_id=op.id, actor=operator, reason="treasury sees the debit")
     op = _resolve(op, operator, payment_id)
@@ -842,6 +848,7 @@ def test_it_holds_a_payment_reported_after_the_console_closed_the_operation_as_n
         ("failed", "succeeded", "held"),  # retried at the provider: the money moved
         ("failed", "accepted", "ignored"),  # an earlier "processing", only out of order
         ("cancelled", "accepted", "held"),  # under way, though closed as never done
+        ("cancelled", "failed", "ignored"),  # no money moved: nothing for a person to do
         ("succeeded", "accepted", "ignored"),
     ],
 )

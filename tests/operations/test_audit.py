@@ -290,6 +290,22 @@ def test_it_records_each_export_on_the_trail_of_every_tenant_it_covers(
 
 
 @pytest.mark.django_db
+def test_it_records_an_export_only_on_the_trails_it_carried(trail, globex, auditor):
+    from console.roles import role_grant
+
+    # The auditor of acme also approves on globex: a tenant they may see but not export.
+    # Globex's trail did not leave the console, and its own trail must not say it did.
+    role_grant(user=auditor, role="Approver", tenant=globex)
+    client = Client()
+    client.force_login(auditor)
+
+    b"".join(client.get("/audit.csv").streaming_content)
+
+    exports = AuditEvent.objects.filter(action="audit.export")
+    assert list(exports.values_list("tenant__slug", flat=True)) == ["acme"]
+
+
+@pytest.mark.django_db
 def test_it_records_no_export_that_was_refused(trail, auditor, approver):
     client = Client()
     client.force_login(approver)

@@ -1373,17 +1373,22 @@ def _signed_stripe_post(client, settings, body: bytes, *, header: str | None = N
                        HTTP_STRIPE_SIGNATURE=signature)
 
 
+def _stripe_event(op: Operation, *, event_id: str, status: str) -> bytes:
+    """Stripe's event about the async payment's intent (async_payment's sum) now in `status`."""
+    return json.dumps({
+        "id": event_id, "object": "event", "type": f"payment_intent.{status}",
+        "created": int(time.time()),
+        "data": {"object": {"id": op.external_id, "status": status, "amount": 150_000_000,
+                            "currency": "kzt", "metadata": {"operation_id": op.id}}},
+    }).encode()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_applies_a_signed_event_once_and_answers_its_duplicate_200(
     acme, approver, providers, client, settings
 ):
     op = async_payment(acme, approver)
-    body = json.dumps({
-        "id": "evt_twice", "object": "event", "type": "payment_intent.succeeded",
-        "created": int(time.time()),
-        "data": {"object": {"id": op.external_id, "status": "succeeded", "amount": 150_000_000,
-                            "currency": "kzt", "metadata": {"operation_id": op.id}}},
-    }).encode()
+    body = _stripe_event(op, event_id="evt_twice", status="succeeded")
 
     first = _signed_stripe_post(client, settings, body)
     again = _signed_stripe_post(client, settings, body)
@@ -1406,12 +1411,7 @@ def test_it_fails_a_pending_payment_on_stripes_canceled_event_without_calling_ag
     # Stripe ends a PaymentIntent as canceled, not requires_payment_method, once an attempt
     # fails past its confirmation limit or a processing one is cancelled: a final answer.
     op = async_payment(acme, approver)
-    body = json.dumps({
-        "id": "evt_canceled", "object": "event", "type": "payment_intent.canceled",
-        "created": int(time.time()),
-        "data": {"object": {"id": op.external_id, "status": "canceled", "amount": 150_000_000,
-                            "currency": "kzt", "metadata": {"operation_id": op.id}}},
-    }).encode()
+    body = _stripe_event(op, event_id="evt_canceled", status="canceled")
 
     answer = _signed_stripe_post(client, settings, body)
 

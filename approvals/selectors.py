@@ -34,7 +34,6 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     return approval
 
 
-
 def approval_policy_moved_to(approval: Approval) -> str:
     """The policy version now in force when it is not the one this intent was prepared and
     put up under (approving it would be refused: the engine runs intents of the policy in
@@ -42,6 +41,7 @@ def approval_policy_moved_to(approval: Approval) -> str:
     current = policy_version_current(approval.operation.action)
     return current if {approval.policy_version, approval.operation.policy_version} != {
         current} else ""
+
 
 def approvals_of_operation(operation_id: str) -> list[Approval]:
     """Every request for one intent, newest first. For a caller that has already checked

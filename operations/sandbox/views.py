@@ -45,6 +45,7 @@ READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
     FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
     FaultKind.COMMIT_THEN_DROP, FaultKind.HTTP_500_AFTER_COMMIT, FaultKind.HTTP_500_KEPT,
+    FaultKind.CARD_DECLINED,
 )
 
 Params = dict[str, Any]
@@ -61,8 +62,8 @@ def invalid(message: str, *, code: str = "parameter_invalid", param: str = "") -
     return error(400, type="invalid_request_error", code=code, message=message, param=param)
 
 
-def _server_error(message: str) -> JsonResponse:
-    return error(500, type="api_error", code="sandbox_fault", message=message)
+def _server_error_body(message: str) -> dict[str, Any]:
+    return {"error": {"type": "api_error", "code": "sandbox_fault", "message": message}}
 
 
 def _not_allowed(request: HttpRequest) -> JsonResponse:
@@ -134,21 +135,24 @@ def _answer(
         provider=provider, kinds=kinds, operation_ids=[operation_id]
     )
     kind = fault.kind if fault else ""
+    # The view acts on the faults that change what it does (a declined card).
+    request.sandbox_fault = kind
     # Only the payments API keeps answers by key (Stripe's idempotency layer).
     key = request.headers.get("Idempotency-Key", "") if provider == Provider.PAYMENTS else ""
     if kind == FaultKind.DELAY:
         _stall(services.fault_seconds(fault))
     elif kind == FaultKind.HTTP_500:
-        return _server_error("An error occurred while processing your request.")
+        return JsonResponse(
+            _server_error_body("An error occurred while processing your request."), status=500
+        )
     elif kind == FaultKind.HTTP_500_KEPT:
-        failed = _server_error("An error occurred while processing your request.")
+        failed = _server_error_body("An error occurred while processing your request.")
         # Stripe keeps the answer of a request that began to run, a 500 included, and gives
         # it to every retry with the key. A key that already holds an answer keeps it.
         if not key or services.idempotency_answer_keep(
-            key=key, fingerprint=request.params_fingerprint, status=500,
-            body=json.loads(failed.content),
+            key=key, fingerprint=request.params_fingerprint, status=500, body=failed
         ):
-            return failed
+            return JsonResponse(failed, status=500)
     elif kind == FaultKind.VALIDATION_ERROR:
         return invalid("Sandbox fault: the request was refused as invalid",
                        code="sandbox_validation_error")
@@ -158,13 +162,11 @@ def _answer(
             # The write is committed; the client gives up before this answer arrives.
             _stall(services.fault_seconds(fault))
         elif kind == FaultKind.HTTP_500_AFTER_COMMIT:
-            failed = _server_error("An error occurred after the change was saved.")
+            failed = _server_error_body("An error occurred after the change was saved.")
             if key and response.get("Idempotent-Replayed") != "true":
                 # What the key gives every retry from now on, as Stripe would.
-                services.idempotency_answer_replace(
-                    key=key, status=500, body=json.loads(failed.content)
-                )
-            return failed
+                services.idempotency_answer_replace(key=key, status=500, body=failed)
+            return JsonResponse(failed, status=500)
     return response
 
 
@@ -223,12 +225,12 @@ def _payment_params(params: Params) -> tuple[dict[str, Any], JsonResponse | None
             "confirm": confirm == "true"}, None
 
 
-def _payment_made(fields: dict[str, Any], claim: IdempotencyRecord | None = None) -> JsonResponse:
-    # Taken only by a request that runs: a replay answers with what its key kept.
-    declined = fields["confirm"] and services.sandbox_fault_take(
-        provider=Provider.PAYMENTS, kinds=[FaultKind.CARD_DECLINED],
-        operation_ids=[fields["metadata"].get("operation_id", "")],
-    ) is not None
+def _payment_made(
+    request: HttpRequest, fields: dict[str, Any], claim: IdempotencyRecord | None = None
+) -> JsonResponse:
+    # The decline fault was taken with the request's other faults; a replay never gets here
+    # and answers with what its key kept.
+    declined = request.sandbox_fault == FaultKind.CARD_DECLINED and fields["confirm"]
     body = services.sandbox_payment_create(**fields, claim=claim, declined=declined)
     if declined:
         return JsonResponse(services.card_declined_json(body), status=402)
@@ -244,7 +246,7 @@ def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
     if not key:
         if problem:
             return problem
-        return _payment_made(fields)
+        return _payment_made(request, fields)
     record, claimed = services.idempotency_claim(key=key, fingerprint=request.params_fingerprint)
     if not claimed:
         if record.fingerprint != request.params_fingerprint:
@@ -266,7 +268,7 @@ def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
         services.idempotency_release(record=record)
         return problem
     try:
-        return _payment_made(fields, claim=record)
+        return _payment_made(request, fields, claim=record)
     except Exception:
         services.idempotency_release(record=record)
         raise

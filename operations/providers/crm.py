@@ -22,6 +22,7 @@ from operations.providers.base import (
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
 from operations.providers.transport import (
     Answer,
+    absence_once_named,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -112,9 +113,13 @@ class CrmCreateDealAdapter:
         common = lookup_common(answer, method=method)
         deals = [_deal_facts(d) for d in answer.body.get("data", []) if isinstance(d, dict)]
         if not deals:
-            # The CRM is strongly consistent: an empty answer is a proof.
-            return LookupResult(outcome=LookupOutcome.ABSENT,
-                                reason="no deal carries this agent_operation_id", **common)
+            # The CRM is strongly consistent: an empty answer is a proof, unless the CRM has
+            # named our deal before (deleted since: a new one would be a second deal).
+            return absence_once_named(
+                LookupResult(outcome=LookupOutcome.ABSENT,
+                             reason="no deal carries this agent_operation_id", **common),
+                external_id=op.external_id,
+            )
         if len(deals) > 1:
             # No retry_after: waiting will not make duplicates go away; a person decides.
             return LookupResult(

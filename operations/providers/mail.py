@@ -22,6 +22,7 @@ from operations.providers.base import (
 )
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
 from operations.providers.transport import (
+    absence_once_named,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -91,7 +92,7 @@ class MailSendAdapter:
         if op.external_id:
             # Once the provider named the message, asked by its id: that outlives the key,
             # which the provider forgets after 7 days while a message may still be queued.
-            return self.retrieve(op.external_id)
+            return absence_once_named(self.retrieve(op.external_id), external_id=op.external_id)
         method = LookupMethod.IDEMPOTENCY_KEY
         answer = send(
             "GET", f"{_base()}/messages", api_key=settings.MAIL_API_KEY,

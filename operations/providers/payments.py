@@ -25,6 +25,7 @@ from operations.providers.base import (
 from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
 from operations.providers.transport import (
     Answer,
+    absence_once_named,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -154,7 +155,7 @@ class PaymentsCreateAdapter:
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
         if op.external_id:
-            return self.retrieve(op.external_id)
+            return absence_once_named(self.retrieve(op.external_id), external_id=op.external_id)
         return self._search(op)
 
     def retrieve(self, external_id: str) -> LookupResult:

@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -234,6 +234,21 @@ def lookup_by_id(
     if not answer.ok:
         return lookup_failure(answer, method=method)
     return LookupResult(outcome=LookupOutcome.FOUND, **found(answer.body), **common)
+
+
+def absence_once_named(found: LookupResult, *, external_id: str) -> LookupResult:
+    """What "no such object" proves once the provider has named its object for this
+    operation (`external_id`): nothing. The object existed, so it was deleted since, or the
+    key now reaches another account or mode (Stripe answers 404 for both; a mail provider
+    forgets old messages). A call on that absence would make a second effect wherever the
+    key or the natural key no longer dedups it: a person decides."""
+    if found.outcome != LookupOutcome.ABSENT or not external_id:
+        return found
+    return replace(
+        found, outcome=LookupOutcome.INCONCLUSIVE, retry_after=None,
+        reason=f"the provider no longer has {external_id}, which it named for this operation "
+        "(deleted since, or asked of another account or mode)",
+    )
 
 
 def carried_ids(*ids: Any) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from operations import engine
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus, WebhookEvent
-from operations.sandbox.models import Deal, PaymentIntent
+from operations.sandbox.models import Deal, IdempotencyRecord, PaymentIntent
 from operations.sandbox.selectors import sandbox_counts, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
@@ -1054,6 +1054,38 @@ def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_
     assert op.status == S.SUCCEEDED and op.external_id == intent.id
     assert len(payment_posts(op)) == 1 and op.provider_calls == 1
     assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="found").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_payment_the_provider_named_and_no_longer_has_to_a_person(
+    acme, approver, providers
+):
+    from operations.engine.core import adapter, snapshot
+
+    op = authorized_payment(acme, approver)
+    # The worker saved the provider's id (its own short transaction) and died before it
+    # recorded the outcome. Then the API key in the settings was swapped for another
+    # account's: that account has neither the payment nor the key (Stripe answers 404).
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=2))
+    named = adapter(op.action).call(snapshot(op)).external_id
+    Operation.objects.filter(id=op.id).update(external_id=named)
+    PaymentIntent.objects.filter(id=named).delete()
+    IdempotencyRecord.objects.filter(key=op.idempotency_key).delete()
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    # Not proof that nothing was paid: a call now would pay a second time, in that account.
+    assert (report.outcome, report.may_call_again) == ("inconclusive", False)
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.next_reconcile_at) == (S.UNKNOWN, named, None)
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert op.evidence.filter(kind="lookup").last().summary == (
+        f"lookup inconclusive: the provider no longer has {named}, which it named for this "
+        "operation (deleted since, or asked of another account or mode); waiting for a person"
+    )
+    assert len(payment_posts(op)) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 0
 
 
 @pytest.mark.django_db(transaction=True)

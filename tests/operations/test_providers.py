@@ -70,9 +70,29 @@ def test_it_creates_retrieves_and_searches_a_payment(sandbox):
         LookupOutcome.FOUND, LookupMethod.UNIQUE_FIELD, result.external_id
     )
     assert PAYMENTS.lookup(payment()).outcome is LookupOutcome.ABSENT
-    gone = PAYMENTS.lookup(replace(op, external_id="pi_doesnotexist"))
-    assert gone.outcome is LookupOutcome.ABSENT and gone.http_status == 404
+    # A reference a person typed may be a typo: "no such payment" proves it names nothing.
+    typo = PAYMENTS.retrieve("pi_doesnotexist")
+    assert typo.outcome is LookupOutcome.ABSENT and typo.http_status == 404
     assert PaymentIntent.objects.count() == 1
+
+
+def test_it_never_takes_a_payment_it_was_given_and_cannot_find_for_proof_of_absence(sandbox):
+    op = payment()
+    made = PAYMENTS.call(op)
+    # Stripe answers 404 for a payment deleted, or asked of another account or mode (a key
+    # swapped in the settings): the payment it named for this operation was made all the same.
+    PaymentIntent.objects.filter(id=made.external_id).delete()
+
+    gone = PAYMENTS.lookup(replace(op, external_id=made.external_id))
+
+    assert (gone.outcome, gone.method, gone.http_status, gone.retry_after) == (
+        LookupOutcome.INCONCLUSIVE, LookupMethod.EXTERNAL_ID, 404, None
+    )
+    assert gone.reason == (
+        f"the provider no longer has {made.external_id}, which it named for this operation "
+        "(deleted since, or asked of another account or mode)"
+    )
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1
 
 
 def test_it_makes_one_payment_when_the_same_key_is_sent_twice(sandbox):
@@ -316,6 +336,24 @@ def test_it_finds_a_crm_deal_by_agent_operation_id(sandbox):
     assert Deal.objects.get().agent_operation_id == op.id
 
 
+def test_it_never_takes_a_deal_it_was_given_and_cannot_find_for_proof_of_absence(sandbox):
+    adapter = adapter_for("crm.create_deal")
+    op = snapshot("crm.create_deal", {"name": "Acme renewal", "amount_minor": 500_000,
+                                      "currency": "EUR", "owner": "dana"})
+    made = adapter.call(op)
+    # Someone deleted the deal at the CRM: its agent_operation_id is free again, so a
+    # "proven absent" create would make a second deal for this operation.
+    Deal.objects.filter(id=made.external_id).delete()
+    assert adapter.lookup(op).outcome is LookupOutcome.ABSENT  # never named: nothing known
+
+    gone = adapter.lookup(replace(op, external_id=made.external_id))
+
+    assert (gone.outcome, gone.method, gone.retry_after) == (
+        LookupOutcome.INCONCLUSIVE, LookupMethod.UNIQUE_FIELD, None
+    )
+    assert gone.reason.startswith(f"the provider no longer has {made.external_id}, which")
+
+
 def test_it_refuses_a_second_deal_for_one_operation_at_the_crm(sandbox):
     adapter = adapter_for("crm.create_deal")
     op = snapshot("crm.create_deal", {"name": "Acme renewal", "amount_minor": 500_000,
@@ -482,6 +520,25 @@ def test_it_looks_a_known_message_up_by_its_id_after_the_key_is_forgotten(sandbo
     assert found.operation_ids == (op.id,)
     assert not sandbox_requests(provider="mail", method="GET",
                                 path_endswith="/messages").exists()
+
+
+def test_it_never_takes_a_message_it_was_given_and_cannot_find_for_proof_of_absence(sandbox):
+    adapter = adapter_for("mail.send")
+    op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                "params": {"invoice": "inv_45"}})
+    sent = adapter.call(op)
+    # Mail providers keep their message log for a while only; past it, and past the key's
+    # 7 days, a send with this key would be a second email.
+    Message.objects.filter(id=sent.external_id).delete()
+
+    gone = adapter.lookup(replace(op, external_id=sent.external_id,
+                                  last_call_at=timezone.now() - timedelta(days=8)))
+
+    assert (gone.outcome, gone.method, gone.http_status, gone.retry_after) == (
+        LookupOutcome.INCONCLUSIVE, LookupMethod.EXTERNAL_ID, 404, None
+    )
+    assert gone.reason.startswith(f"the provider no longer has {sent.external_id}, which")
+    assert Message.objects.count() == 0
 
 
 def test_it_proves_a_message_absent_by_its_key_only_while_the_provider_keeps_keys(sandbox):

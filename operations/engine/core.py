@@ -133,21 +133,23 @@ def adapter(action: str) -> ProviderAdapter:
 
 
 def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSnapshot:
-    """`last_call`: the newest CALL attempt when the caller already holds it (execute has
-    just created it), which saves reading it back."""
-    if last_call is not None:
-        call = {"started_at": last_call.started_at, "finished_at": last_call.finished_at}
+    """`last_call`: the call attempt execute has just created, with `op` as read before its
+    claim. When that is the operation's first call, no call needs reading back."""
+    if last_call is not None and op.provider_calls == 0:
+        # The call just claimed is the first: the key was never sent before it.
+        calls = [{"started_at": last_call.started_at, "finished_at": last_call.finished_at}]
     else:
-        call = (
+        calls = list(
             op.attempts.filter(kind=AttemptKind.CALL)
-            .order_by("-number")
+            .order_by("number")
             .values("started_at", "finished_at")
-            .first()
         )
-    last_call_at = None
-    if call is not None:
+    last_call_at = key_first_sent_at = None
+    if calls:
         # The provider may act at any moment until the answer arrives.
-        last_call_at = call["finished_at"] or call["started_at"] + call_reach()
+        last_call_at = calls[-1]["finished_at"] or calls[-1]["started_at"] + call_reach()
+        # Providers age a key from its first use, which was no earlier than this.
+        key_first_sent_at = calls[0]["started_at"]
     return OperationSnapshot(
         id=op.id,
         action=op.action,
@@ -155,6 +157,7 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         payload=op.payload,
         idempotency_key=op.idempotency_key,
         external_id=op.external_id,
+        key_first_sent_at=key_first_sent_at,
         last_call_at=last_call_at,
     )
 

@@ -326,9 +326,11 @@ def _record_lookup(
         return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
     if op.status != S.ACCEPTED and contract.key_retention is not None and retry_at is not None:
         # (An accepted effect's failed lookup is tried again, key or not.)
-        # The snapshot taken before the lookup: a lookup is not a call, so its last call stands.
-        last_call = op_snapshot.last_call_at
-        if last_call is not None and retry_at - last_call > contract.key_retention:
+        # The snapshot taken before the lookup: a lookup is not a call, so its calls stand.
+        # Aged from the key's first use, as the provider ages it: later calls with the same
+        # key do not extend it.
+        first_sent = op_snapshot.key_first_sent_at
+        if first_sent is not None and retry_at - first_sent > contract.key_retention:
             retry_at = None  # past the key's retention a retry proves nothing: a person
     _lookup_noted(
         op, calls_before=calls_before,

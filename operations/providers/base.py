@@ -65,8 +65,8 @@ class ToolContract:
             ("Deduplication", self.dedup_method or "none"),
             ("Looked up by", ", ".join(_LOOKUP_WORDS[m] for m in self.lookup_methods)
              or "no lookup: unknown outcomes go to a person"),
-            ("Keys kept", _duration_words(self.key_retention) if self.key_retention
-             else "takes no idempotency key"),
+            ("Keys kept", f"{_duration_words(self.key_retention)} from first use"
+             if self.key_retention else "takes no idempotency key"),
             ("Same-key retry", "safe: a repeat cannot make a second effect"
              if self.same_key_retry_safe else "not safe: never sent again without a lookup"),
         ]
@@ -123,7 +123,11 @@ class OperationSnapshot:
     payload: Mapping[str, Any]
     idempotency_key: str
     external_id: str = ""
+    # The newest call's answer, or the last moment it could still reach the provider.
     last_call_at: datetime | None = None
+    # When the first call with `idempotency_key` was sent: a provider forgets a key a set
+    # time (the contract's key_retention) after it first saw it, whatever came after.
+    key_first_sent_at: datetime | None = None
 
 
 @dataclass(frozen=True)

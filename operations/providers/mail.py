@@ -116,8 +116,8 @@ class MailSendAdapter:
                 **common,
             )
         retention = self.contract.key_retention
-        if op.last_call_at is not None and retention is not None:
-            if timezone.now() - op.last_call_at > retention:
+        if op.key_first_sent_at is not None and retention is not None:
+            if timezone.now() - op.key_first_sent_at > retention:
                 # The provider may have forgotten the key: an empty answer proves nothing.
                 return LookupResult(
                     outcome=LookupOutcome.INCONCLUSIVE,

@@ -1216,8 +1216,9 @@ def test_it_queues_a_proven_absent_operation_again_when_no_worker_calls_it(
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("retry_in", "scheduled"), [(5, True), (30, False)])
+@pytest.mark.parametrize("sent_again_an_hour_ago", [False, True])
 def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_keys_retention(
-    acme, approver, monkeypatch, retry_in, scheduled
+    acme, approver, monkeypatch, retry_in, scheduled, sent_again_an_hour_ago
 ):
     from operations.engine import core
     from operations.providers.base import LookupOutcome, LookupResult
@@ -1226,11 +1227,17 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
     # The lost call was made 24 hours less 15 seconds ago: the provider keeps its key for
     # 24 hours, so a lookup later than 15 seconds from now proves nothing about it.
     then = timezone.now() - timedelta(hours=24) + timedelta(seconds=15)
-    Attempt.objects.create(operation=op, number=1, kind="call", worker="w", started_at=then,
-                           finished_at=then, outcome="unknown",
-                           idempotency_key=op.idempotency_key)
-    Operation.objects.filter(id=op.id).update(status=S.UNKNOWN, provider_calls=1,
-                                              unknown_since=then)
+    calls = [then]
+    if sent_again_an_hour_ago:
+        # Sent again with the same key after a proven absence: Stripe ages a key from its
+        # first use, so this call does not make it keep the key any longer.
+        calls.append(timezone.now() - timedelta(hours=1))
+    for number, sent in enumerate(calls, start=1):
+        Attempt.objects.create(operation=op, number=number, kind="call", worker="w",
+                               started_at=sent, finished_at=sent, outcome="unknown",
+                               idempotency_key=op.idempotency_key)
+    Operation.objects.filter(id=op.id).update(status=S.UNKNOWN, provider_calls=len(calls),
+                                              unknown_since=calls[-1])
     real = core.adapter("payments.create")
 
     class FailingLookup:
@@ -1249,7 +1256,7 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
     assert (op.next_reconcile_at is not None) is scheduled
     summary = op.evidence.filter(kind="lookup").last().summary
     assert ("waiting for a person" in summary) is not scheduled
-    assert op.provider_calls == 1
+    assert op.provider_calls == len(calls)
 
 
 @pytest.mark.django_db(transaction=True)

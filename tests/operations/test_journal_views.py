@@ -383,7 +383,7 @@ def test_it_shows_how_the_provider_dedups_and_is_asked(acme, operator, settings)
     for fact in (
         "<dt>Deduplication</dt><dd>Idempotency-Key header + search by "
         "metadata[&#x27;operation_id&#x27;]</dd>",
-        "<dt>Keys kept</dt><dd>24 hours</dd>",
+        "<dt>Keys kept</dt><dd>24 hours from first use</dd>",
         "<dt>Final result</dt><dd>may come later, by webhook or lookup</dd>",
         "<dt>Search lag</dt><dd>up to 1 minute: an empty search younger than that proves "
         "nothing</dd>",

@@ -512,7 +512,7 @@ def test_it_looks_a_known_message_up_by_its_id_after_the_key_is_forgotten(sandbo
     # Eight days on, still queued: the provider keeps keys for 7 days, so by key an empty
     # answer would prove nothing; by the id it gave us, the message is found.
     later = replace(op, external_id=sent.external_id,
-                    last_call_at=timezone.now() - timedelta(days=8))
+                    key_first_sent_at=timezone.now() - timedelta(days=8))
     found = adapter.lookup(later)
     assert (found.outcome, found.method, found.external_id, found.status) == (
         LookupOutcome.FOUND, LookupMethod.EXTERNAL_ID, sent.external_id, CallOutcome.ACCEPTED
@@ -532,7 +532,7 @@ def test_it_never_takes_a_message_it_was_given_and_cannot_find_for_proof_of_abse
     Message.objects.filter(id=sent.external_id).delete()
 
     gone = adapter.lookup(replace(op, external_id=sent.external_id,
-                                  last_call_at=timezone.now() - timedelta(days=8)))
+                                  key_first_sent_at=timezone.now() - timedelta(days=8)))
 
     assert (gone.outcome, gone.method, gone.http_status, gone.retry_after) == (
         LookupOutcome.INCONCLUSIVE, LookupMethod.EXTERNAL_ID, 404, None
@@ -545,10 +545,14 @@ def test_it_proves_a_message_absent_by_its_key_only_while_the_provider_keeps_key
     adapter = adapter_for("mail.send")
     op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
                                 "params": {"invoice": "inv_44"}})
-    recent = adapter.lookup(replace(op, last_call_at=timezone.now() - timedelta(days=6)))
+    now = timezone.now()
+    recent = adapter.lookup(replace(op, key_first_sent_at=now - timedelta(days=6)))
     assert (recent.outcome, recent.method) == (LookupOutcome.ABSENT, LookupMethod.IDEMPOTENCY_KEY)
     # Past the provider's 7 days an empty answer by key proves nothing: the key is forgotten.
-    forgotten = adapter.lookup(replace(op, last_call_at=timezone.now() - timedelta(days=8)))
+    # Aged from the key's first use: a later call with it does not make the provider keep it
+    # longer.
+    forgotten = adapter.lookup(replace(op, key_first_sent_at=now - timedelta(days=8),
+                                       last_call_at=now - timedelta(days=2)))
     assert forgotten.outcome is LookupOutcome.INCONCLUSIVE
     assert forgotten.reason == "key retention window passed" and forgotten.retry_after is None
 

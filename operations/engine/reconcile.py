@@ -183,6 +183,10 @@ def _record_lookup(
 
     if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:
         to = LOOKUP_STATUS[found.status]
+        if to == S.ACCEPTED and found.waits_on:
+            return _left_waiting_on_someone_else(
+                op, found, data=data, actor=actor, calls_before=calls_before
+            )
         if to == op.status:
             # Still pending at the provider: look again after the usual wait, not at every
             # sweep (a due time left in the past would ask the provider every few seconds).
@@ -341,17 +345,50 @@ def _record_lookup(
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
 
 
+def _left_waiting_on_someone_else(
+    op: Operation, found: LookupResult, *, data: dict[str, Any], actor: AbstractUser | None,
+    calls_before: int,
+) -> ReconcileReport:
+    """Taken by the provider, and pending on someone the console cannot reach (a customer's
+    3-D Secure): no lookup will settle it, so it goes to the operators' queue (an unknown one
+    stays there) with the provider's id, where a webhook may still settle it."""
+    summary = (
+        f"provider lookup ({found.method}) found {found.external_id}, still pending: "
+        f"{found.waits_on}; a person decides"
+    )
+    fields = {
+        "external_id": found.external_id or op.external_id,
+        "error_code": "outside_action", "error_message": found.waits_on,
+        "next_reconcile_at": None,
+    }
+    if op.status == S.ACCEPTED:
+        transition(
+            op, to=S.UNKNOWN, sources={S.ACCEPTED}, extra=Q(provider_calls=calls_before),
+            evidence_kind=EvidenceKind.LOOKUP, summary=summary, data=data, fields=fields,
+            actor=actor,
+        )
+    else:
+        _lookup_noted(
+            op, calls_before=calls_before, summary=summary, data=data, actor=actor,
+            next_reconcile_at=None, fields=fields,
+        )
+    op.refresh_from_db()
+    return ReconcileReport(op.id, "found", op.status, "waits on someone outside the console")
+
+
 def _lookup_noted(
     op: Operation, *, calls_before: int, summary: str, data: dict[str, Any],
     actor: AbstractUser | None, next_reconcile_at: datetime | None,
+    fields: dict[str, Any] | None = None,
 ) -> None:
-    """A lookup that leaves the status where it is: its evidence, and when to look again,
-    in one transaction. The schedule only while the status is still the one looked up and
-    no call was made since the lookup began: that call's own schedule stands."""
+    """A lookup that leaves the status where it is: its evidence, and when to look again
+    (and `fields` it found out), in one transaction. The schedule only while the status is
+    still the one looked up and no call was made since the lookup began: that call's own
+    schedule stands."""
     with transaction.atomic():
         Operation.objects.filter(
             id=op.id, status=op.status, provider_calls=calls_before
-        ).update(next_reconcile_at=next_reconcile_at)
+        ).update(**{**(fields or {}), "next_reconcile_at": next_reconcile_at})
         Evidence.objects.create(
             operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,
             to_status=op.status, summary=summary, data=data, actor=actor,

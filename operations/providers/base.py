@@ -159,6 +159,9 @@ class LookupResult:
     # agent_operation_id or the updates it applied, a message's operation_id): what ties an
     # id a person typed to one operation.
     operation_ids: tuple[str, ...] = ()
+    # Pending, and only someone the console cannot reach moves it on (a customer's 3-D
+    # Secure): who and why. Looking again will not settle it; a person decides.
+    waits_on: str = ""
 
 
 @dataclass(frozen=True)

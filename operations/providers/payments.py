@@ -53,6 +53,13 @@ EVENT_STATUS: dict[str, CallOutcome] = {
 }
 
 
+def _waits_on(intent: Mapping[str, Any]) -> str:
+    if intent.get("status") == "requires_action":
+        return ("the customer must authenticate the payment (3-D Secure, Stripe's "
+                "requires_action), which nobody does from this console")
+    return ""
+
+
 def payment_status(status: str) -> CallOutcome:
     # Anything else (requires_action, requires_confirmation) is taken but not final.
     return STATUS_MAP.get(status, CallOutcome.ACCEPTED)
@@ -165,6 +172,7 @@ class PaymentsCreateAdapter:
                 "external_id": str(intent.get("id", external_id)),
                 "matches": [_facts(intent)], "result": _facts(intent),
                 "operation_ids": carried_ids((intent.get("metadata") or {}).get("operation_id")),
+                "waits_on": _waits_on(intent),
             }
 
         return lookup_by_id(
@@ -194,7 +202,7 @@ class PaymentsCreateAdapter:
             return LookupResult(
                 outcome=LookupOutcome.FOUND, status=payment_status(str(found[0].get("status"))),
                 external_id=str(found[0].get("id", "")), matches=matches, result=matches[0],
-                **common,
+                waits_on=_waits_on(found[0]), **common,
             )
         lag = self.contract.search_lag
         if op.last_call_at is not None:

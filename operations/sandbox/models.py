@@ -42,6 +42,7 @@ class FaultKind(models.TextChoices):
     HTTP_500_KEPT = "http_500_kept", "Answer 500 and keep it for the key, creating nothing"
     VALIDATION_ERROR = "validation_error", "Answer 400 invalid_request_error"
     CARD_DECLINED = "card_declined", "Decline the card: 402, with the PaymentIntent it made"
+    REQUIRES_ACTION = "requires_action", "Ask for the customer's 3-D Secure authentication"
     SEARCH_LAG = "search_lag", "Search misses recent objects"
     DUPLICATE_WEBHOOK = "duplicate_webhook", "Send a webhook twice"
     LATE_WEBHOOK = "late_webhook", "Hold a webhook back one delivery round"

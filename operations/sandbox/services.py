@@ -61,8 +61,10 @@ def sandbox_fault_set(
         raise ValueError(f"unknown fault kind {kind!r}; one of {', '.join(FaultKind.values)}")
     if times < 1:
         raise ValueError("times must be at least 1")
-    if kind == FaultKind.CARD_DECLINED and provider != Provider.PAYMENTS:
-        raise ValueError("only payments decline cards")
+    if kind in (FaultKind.CARD_DECLINED, FaultKind.REQUIRES_ACTION) and (
+        provider != Provider.PAYMENTS
+    ):
+        raise ValueError(f"{kind} is a payments fault: only payments take cards")
     return SandboxFault.objects.create(
         provider=provider, kind=kind, match=match or "*", remaining=times, params=params
     )
@@ -330,15 +332,19 @@ def idempotency_release(*, record: IdempotencyRecord) -> None:
 
 def sandbox_payment_create(
     *, amount: int, currency: str, metadata: dict[str, str], confirm: bool,
-    claim: IdempotencyRecord | None = None, declined: bool = False,
+    claim: IdempotencyRecord | None = None, declined: bool = False, needs_action: bool = False,
 ) -> dict[str, Any]:
     """Create the intent, its webhook and the saved idempotent response in one transaction.
-    A declined attempt still makes the intent; its key keeps the 402 (card_declined_json)."""
+    A declined attempt still makes the intent; its key keeps the 402 (card_declined_json).
+    `needs_action`: the card asks for 3-D Secure, so the intent waits in `requires_action`
+    for a customer to authenticate (sandbox_payment_settle stands in for them)."""
     declined = declined and confirm
     if not confirm:
         status = "requires_confirmation"
     elif declined:
         status = "requires_payment_method"
+    elif needs_action:
+        status = "requires_action"
     elif amount >= int(settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR):
         status = "processing"
     else:
@@ -350,7 +356,7 @@ def sandbox_payment_create(
         )
         body = payment_intent_json(intent)
         event = "payment_failed" if declined else status
-        if event in {"succeeded", "processing", "payment_failed"}:
+        if event in {"succeeded", "processing", "payment_failed", "requires_action"}:
             sandbox_webhook_record(
                 provider=Provider.PAYMENTS, event_type=f"payment_intent.{event}", obj=body,
                 operation_id=metadata.get("operation_id", ""),
@@ -370,7 +376,8 @@ def sandbox_payment_create(
 def sandbox_payment_settle(
     *, payment_intent_id: str, status: str = "succeeded"
 ) -> PaymentIntent:
-    """Finish a `processing` payment as the bank would, and record the webhook."""
+    """Finish a `processing` payment as the bank would, or one in `requires_action` as its
+    customer's 3-D Secure answer would, and record the webhook."""
     if status not in {"succeeded", "failed"}:
         raise ValueError("status is 'succeeded' or 'failed'")
     new_status = "succeeded" if status == "succeeded" else "requires_payment_method"
@@ -379,10 +386,10 @@ def sandbox_payment_settle(
     }
     with transaction.atomic():
         changed = PaymentIntent.objects.filter(
-            pk=payment_intent_id, status="processing"
+            pk=payment_intent_id, status__in=["processing", "requires_action"]
         ).update(status=new_status, last_payment_error=error)
         if not changed:
-            raise SandboxStateError(f"payment {payment_intent_id} is not processing")
+            raise SandboxStateError(f"payment {payment_intent_id} is not pending")
         intent = PaymentIntent.objects.get(pk=payment_intent_id)
         event_type = (
             "payment_intent.succeeded" if status == "succeeded"

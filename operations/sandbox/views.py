@@ -45,7 +45,7 @@ READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
     FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
     FaultKind.COMMIT_THEN_DROP, FaultKind.HTTP_500_AFTER_COMMIT, FaultKind.HTTP_500_KEPT,
-    FaultKind.CARD_DECLINED,
+    FaultKind.CARD_DECLINED, FaultKind.REQUIRES_ACTION,
 )
 
 Params = dict[str, Any]
@@ -135,7 +135,7 @@ def _answer(
         provider=provider, kinds=kinds, operation_ids=[operation_id]
     )
     kind = fault.kind if fault else ""
-    # The view acts on the faults that change what it does (a declined card).
+    # The view acts on the faults that change what it does (a declined card, 3-D Secure).
     request.sandbox_fault = kind
     # Only the payments API keeps answers by key (Stripe's idempotency layer).
     key = request.headers.get("Idempotency-Key", "") if provider == Provider.PAYMENTS else ""
@@ -231,7 +231,10 @@ def _payment_made(
     # The decline fault was taken with the request's other faults; a replay never gets here
     # and answers with what its key kept.
     declined = request.sandbox_fault == FaultKind.CARD_DECLINED and fields["confirm"]
-    body = services.sandbox_payment_create(**fields, claim=claim, declined=declined)
+    body = services.sandbox_payment_create(
+        **fields, claim=claim, declined=declined,
+        needs_action=request.sandbox_fault == FaultKind.REQUIRES_ACTION,
+    )
     if declined:
         return JsonResponse(services.card_declined_json(body), status=402)
     return JsonResponse(body)

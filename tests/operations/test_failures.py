@@ -618,6 +618,69 @@ def test_it_checks_a_pending_payment_again_later_not_at_every_sweep(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_hands_a_payment_waiting_for_the_customers_3d_secure_to_a_person(
+    acme, approver, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = executed_into_a_fault(acme, approver, "requires_action")
+    intent = PaymentIntent.objects.get()
+    assert (op.status, op.external_id, intent.status) == (S.ACCEPTED, intent.id,
+                                                          "requires_action")
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    # Nobody authenticates an agent's payment here: looking again every two minutes
+    # forever would settle nothing, so it waits in the operators' queue.
+    op.refresh_from_db()
+    assert (report.outcome, op.status, op.external_id, op.error_code) == (
+        "found", S.UNKNOWN, intent.id, "outside_action"
+    )
+    assert op.next_reconcile_at is None and op.id not in engine.operations_due_for_reconcile()
+    assert op.evidence.filter(kind="lookup").last().summary == (
+        f"provider lookup (external_id) found {intent.id}, still pending: the customer must "
+        "authenticate the payment (3-D Secure, Stripe's requires_action), which nobody does "
+        "from this console; a person decides"
+    )
+    # An operator's "Reconcile now" finds the same: it stays with them, and calls nothing.
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert (op.status, op.next_reconcile_at) == (S.UNKNOWN, None)
+
+    # The customer authenticates after all: Stripe's event settles it.
+    sandbox_payment_settle(payment_intent_id=intent.id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.error_code) == (S.SUCCEEDED, intent.id, "")
+    assert len(payment_posts(op)) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_hands_an_unknown_payment_found_waiting_for_3d_secure_to_a_person(
+    acme, approver, providers
+):
+    from operations.engine.core import adapter, snapshot
+
+    # The worker died mid-call; the provider made the intent, which waits for the customer.
+    op = authorized_payment(acme, approver)
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=2))
+    sandbox_fault_set(provider="payments", kind="requires_action", match=op.id)
+    assert adapter(op.action).call(snapshot(op)).outcome == "accepted"
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert (report.outcome, op.status, op.external_id, op.error_code) == (
+        "found", S.UNKNOWN, intent.id, "outside_action"
+    )
+    assert op.next_reconcile_at is None and op.id not in engine.operations_due_for_reconcile()
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    assert len(payment_posts(op)) == op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
     acme, approver, providers, client, settings
 ):

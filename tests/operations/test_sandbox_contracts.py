@@ -29,6 +29,8 @@ from operations.sandbox.services import (
     sandbox_deal_update,
     sandbox_fault_set,
     sandbox_payment_create,
+    sandbox_payment_settle,
+    sandbox_settle_due,
 )
 from tests.operations.providers_support import payment, snapshot
 
@@ -137,6 +139,26 @@ def test_it_declines_a_card_with_a_402_that_carries_the_intent_and_keeps_it_for_
     assert list(SandboxWebhook.objects.values_list("type", flat=True)) == [
         "payment_intent.payment_failed"]
     assert IdempotencyRecord.objects.get(key="key-402").response_status == 402
+
+
+def test_it_asks_for_3d_secure_and_waits_until_the_customer_answers(sandbox):
+    sandbox_fault_set(provider="payments", kind="requires_action", match="op_contract")
+    with pytest.raises(ValueError):
+        sandbox_fault_set(provider="mail", kind="requires_action")
+
+    first = create_payment(sandbox, VALID_PAYMENT, key="key-3ds")
+    again = create_payment(sandbox, VALID_PAYMENT, key="key-3ds")
+
+    # Stripe answers 200 with the intent in requires_action, and keeps that answer for the
+    # key; the intent waits there until its customer authenticates (or never does).
+    assert first.status_code == again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true" and again.json() == first.json()
+    intent = PaymentIntent.objects.get()
+    assert first.json()["id"] == intent.id and intent.status == "requires_action"
+    assert sandbox_settle_due(older_than=timedelta(0))["payments_settled"] == 0
+    assert sandbox_payment_settle(payment_intent_id=intent.id).status == "succeeded"
+    assert list(SandboxWebhook.objects.order_by("id").values_list("type", flat=True)) == [
+        "payment_intent.requires_action", "payment_intent.succeeded"]
 
 
 def test_it_keeps_no_500_where_there_is_no_key_to_keep_it_under(sandbox):

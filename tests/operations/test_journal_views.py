@@ -372,6 +372,16 @@ def test_it_says_a_bad_filter_or_page_link_shows_nothing(acme, operator):
 
 
 @pytest.mark.django_db
+def test_it_tells_how_long_an_outcome_has_been_unknown_once(acme, operator):
+    op = make_unknown(prepared_payment(acme), ago=timedelta(minutes=5))
+    html = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+    # Unknown since the status changed: one line says both.
+    since = op.unknown_since.strftime("%Y-%m-%d %H:%M:%S")
+    assert f"since {since} UTC (5\xa0minutes without a known outcome)" in html
+    assert "Unknown since" not in html
+
+
+@pytest.mark.django_db
 def test_it_shows_how_the_provider_dedups_and_is_asked(acme, operator, settings):
     # What an operator weighs before settling an unknown outcome by hand: whether a repeat
     # could make a second effect, and how the provider finds what it did.

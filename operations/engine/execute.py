@@ -243,6 +243,24 @@ def _record_call_result(
             "error_message": result.error_message,
         }
         summary = f"provider refused the intent: {result.error_message or result.error_class}"
+        if not result.external_id:
+            # A refusal that names no object proves only that this request did nothing. An
+            # earlier call of this operation that our client gave up on (a lookup proved it
+            # absent so far, and this one went with the same key) may still be carried out:
+            # closed as failed now, it would land unseen, and a replacing intent with a new
+            # key would pay twice. Unknown, until a lookup after it could land says which.
+            lands_by = unanswered_call_lands_by(
+                op, late_landing=adapter.contract.late_landing
+            )
+            if lands_by is not None:
+                to = S.UNKNOWN
+                fields["next_reconcile_at"] = now + timedelta(
+                    seconds=settings.RECONCILE_DELAY_SECONDS
+                )
+                summary += (
+                    "; an earlier call may still land (until "
+                    f"{lands_by:%H:%M:%S}): looked up before it is closed as failed"
+                )
     elif result.outcome == CallOutcome.CONFLICT:
         to = S.FAILED
         fields = {

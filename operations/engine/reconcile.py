@@ -44,6 +44,7 @@ from operations.engine.prepare import authorization_problem
 from operations.models import (
     Attempt,
     AttemptKind,
+    AttemptOutcome,
     Evidence,
     EvidenceKind,
     Operation,
@@ -163,6 +164,25 @@ def _key_answers_a_kept_error(op: Operation) -> bool:
     )
 
 
+def _newest_call_refused(op: Operation) -> dict[str, str] | None:
+    """The newest call's refusal (a 4xx that named no object at the provider), if that is
+    how it ended: what the operation is closed with once no earlier call can land."""
+    newest = (
+        op.attempts.filter(kind=AttemptKind.CALL)
+        .order_by("-number")
+        .values("outcome", "external_id", "error_class", "error_message")
+        .first()
+    )
+    if (
+        newest is None
+        or newest["outcome"] != AttemptOutcome.FAILED
+        or newest["external_id"]
+        or newest["error_class"] == "version_conflict"
+    ):
+        return None
+    return {"error_class": newest["error_class"], "error_message": newest["error_message"]}
+
+
 def _record_lookup(
     op: Operation,
     op_snapshot: OperationSnapshot,
@@ -218,14 +238,16 @@ def _record_lookup(
 
     if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
         problem = authorization_problem(op)
+        refusal = _newest_call_refused(op)
         # Absent so far is not absent while an earlier call may still reach the provider.
         # Calling again waits only for calls that never got an answer (the provider dedups
-        # a repeat); closing as never done, when no call may follow, waits out the calls
-        # the client gave up on too.
+        # a repeat); closing (as never done, or as refused), when no call may follow,
+        # waits out the calls the client gave up on too.
+        closing = bool(problem or refusal)
         lands_by = unanswered_call_lands_by(
-            op, late_landing=contract.late_landing if problem else None
+            op, late_landing=contract.late_landing if closing else None
         )
-        if lands_by is not None and problem:
+        if lands_by is not None and closing:
             # And a call that lands at the end of that window shows in the provider's search
             # only its lag later: the adapter measures the lag from the call, not from then.
             lands_by += contract.search_lag
@@ -240,6 +262,24 @@ def _record_lookup(
                 next_reconcile_at=lands_by,
             )
             return ReconcileReport(op.id, "inconclusive", op.status, "a call may still land")
+        if refusal is not None:
+            # The newest call was refused, and no earlier one landed: the refusal stands.
+            transition(
+                op,
+                to=S.FAILED,
+                sources={S.UNKNOWN},
+                extra=Q(provider_calls=calls_before),
+                evidence_kind=EvidenceKind.LOOKUP,
+                summary=f"provider lookup ({found.method}) proved no effect exists after "
+                "every call could have landed; the provider refused the intent: "
+                f"{refusal['error_message'] or refusal['error_class']}",
+                data=data,
+                fields={"error_code": refusal["error_class"] or "rejected",
+                        "error_message": refusal["error_message"]},
+                actor=actor,
+            )
+            op.refresh_from_db()
+            return ReconcileReport(op.id, "absent", op.status, "refused")
         if problem:
             transition(
                 op,

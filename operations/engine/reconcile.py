@@ -262,39 +262,31 @@ def _record_lookup(
                 next_reconcile_at=lands_by,
             )
             return ReconcileReport(op.id, "inconclusive", op.status, "a call may still land")
-        if refusal is not None:
-            # The newest call was refused, and no earlier one landed: the refusal stands.
+        if refusal is not None or problem:
+            if refusal is not None:
+                # The newest call was refused, and no earlier one landed: the refusal stands.
+                to, detail = S.FAILED, "refused"
+                why = ("the provider refused the intent: "
+                       f"{refusal['error_message'] or refusal['error_class']}")
+                fields = {"error_code": refusal["error_class"] or "rejected",
+                          "error_message": refusal["error_message"]}
+            else:
+                to, detail, why = S.CANCELLED, problem, f"not called again: {problem}"
+                fields = {"error_code": "authorization", "error_message": problem}
             transition(
                 op,
-                to=S.FAILED,
+                to=to,
                 sources={S.UNKNOWN},
                 extra=Q(provider_calls=calls_before),
                 evidence_kind=EvidenceKind.LOOKUP,
                 summary=f"provider lookup ({found.method}) proved no effect exists after "
-                "every call could have landed; the provider refused the intent: "
-                f"{refusal['error_message'] or refusal['error_class']}",
+                f"every call could have landed; {why}",
                 data=data,
-                fields={"error_code": refusal["error_class"] or "rejected",
-                        "error_message": refusal["error_message"]},
+                fields=fields,
                 actor=actor,
             )
             op.refresh_from_db()
-            return ReconcileReport(op.id, "absent", op.status, "refused")
-        if problem:
-            transition(
-                op,
-                to=S.CANCELLED,
-                sources={S.UNKNOWN},
-                extra=Q(provider_calls=calls_before),
-                evidence_kind=EvidenceKind.LOOKUP,
-                summary=f"provider lookup ({found.method}) proved no effect exists after "
-                f"every call could have landed; not called again: {problem}",
-                data=data,
-                fields={"error_code": "authorization", "error_message": problem},
-                actor=actor,
-            )
-            op.refresh_from_db()
-            return ReconcileReport(op.id, "absent", op.status, problem)
+            return ReconcileReport(op.id, "absent", op.status, detail)
 
         # Absence proven by an authoritative lookup makes a new call safe where the provider
         # dedups by key, or where a natural key / expected version turns a duplicate into a

@@ -151,28 +151,26 @@ def operation_reconcile(
     )
 
 
-def _key_answers_a_kept_error(op: Operation) -> bool:
-    """Whether the newest call got back a 5xx the provider kept for the key (Stripe keeps
-    the answer of a request that began to run, and replays it for as long as it keeps the
-    key): calling again with the same key would only fetch it once more."""
+def _newest_call(op: Operation) -> dict[str, Any] | None:
+    """How the newest call ended: what a proven absence still turns on."""
     return (
-        op.attempts.filter(kind=AttemptKind.CALL)
-        .order_by("-number")
-        .values_list("error_class", flat=True)
-        .first()
-        == REPLAYED_5XX
-    )
-
-
-def _newest_call_refused(op: Operation) -> dict[str, str] | None:
-    """The newest call's refusal (a 4xx that named no object at the provider), if that is
-    how it ended: what the operation is closed with once no earlier call can land."""
-    newest = (
         op.attempts.filter(kind=AttemptKind.CALL)
         .order_by("-number")
         .values("outcome", "external_id", "error_class", "error_message")
         .first()
     )
+
+
+def _key_answers_a_kept_error(newest: dict[str, Any] | None) -> bool:
+    """Whether the newest call got back a 5xx the provider kept for the key (Stripe keeps
+    the answer of a request that began to run, and replays it for as long as it keeps the
+    key): calling again with the same key would only fetch it once more."""
+    return newest is not None and newest["error_class"] == REPLAYED_5XX
+
+
+def _refusal(newest: dict[str, Any] | None) -> dict[str, str] | None:
+    """The newest call's refusal (a 4xx that named no object at the provider), if that is
+    how it ended: what the operation is closed with once no earlier call can land."""
     if (
         newest is None
         or newest["outcome"] != AttemptOutcome.FAILED
@@ -238,7 +236,8 @@ def _record_lookup(
 
     if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
         problem = authorization_problem(op)
-        refusal = _newest_call_refused(op)
+        newest = _newest_call(op)
+        refusal = _refusal(newest)
         # Absent so far is not absent while an earlier call may still reach the provider.
         # Calling again waits only for calls that never got an answer (the provider dedups
         # a repeat); closing (as never done, or as refused), when no call may follow,
@@ -295,7 +294,7 @@ def _record_lookup(
             EffectClass.CREATE_WITH_NATURAL_KEY,
             EffectClass.VERSIONED_UPDATE,
         )
-        if may_call and _key_answers_a_kept_error(op):
+        if may_call and _key_answers_a_kept_error(newest):
             _lookup_noted(
                 op, calls_before=calls_before,
                 summary="proven absent, but the provider answers this operation's idempotency "

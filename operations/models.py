@@ -399,6 +399,10 @@ class Attempt(models.Model):
     request_hash = models.CharField(max_length=71, blank=True)
     error_class = models.CharField(max_length=60, blank=True)
     error_message = models.TextField(blank=True)
+    # Which provider account the request reached (a fingerprint of the endpoint and API key,
+    # never the key): a lookup in another account cannot prove a call absent. Empty on rows
+    # written before it was kept.
+    provider_account = models.CharField(max_length=20, blank=True)
 
     class Meta:
         ordering = ["operation", "number"]

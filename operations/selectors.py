@@ -294,9 +294,16 @@ def operation_timeline(op) -> list[TimelineEntry]:
     """Attempts, evidence, webhook events and audit events of one operation, in time order."""
     # (time, source rank, row id) orders entries written in the same instant stably.
     keyed: list[tuple[tuple[datetime, int, int], TimelineEntry]] = []
-    for attempt in op.attempts.order_by("number"):
+    attempts = list(op.attempts.order_by("number"))
+    # Named only when requests of this operation reached more than one provider account:
+    # then which went where is what a person needs to see (a lookup in one account cannot
+    # see an effect made in the other).
+    accounts = {a.provider_account for a in attempts if a.provider_account}
+    for attempt in attempts:
         http = f"HTTP {attempt.http_status}" if attempt.http_status else ""
-        parts = (http, attempt.external_id, attempt.error_class, attempt.error_message[:200])
+        account = f"account {attempt.provider_account}" if len(accounts) > 1 else ""
+        parts = (http, account, attempt.external_id, attempt.error_class,
+                 attempt.error_message[:200])
         entry = TimelineEntry(
             at=attempt.started_at,
             kind="attempt",

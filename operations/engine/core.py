@@ -137,12 +137,13 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
     claim. When that is the operation's first call, no call needs reading back."""
     if last_call is not None and op.provider_calls == 0:
         # The call just claimed is the first: the key was never sent before it.
-        calls = [{"started_at": last_call.started_at, "finished_at": last_call.finished_at}]
+        calls = [{"started_at": last_call.started_at, "finished_at": last_call.finished_at,
+                  "provider_account": last_call.provider_account}]
     else:
         calls = list(
             op.attempts.filter(kind=AttemptKind.CALL)
             .order_by("number")
-            .values("started_at", "finished_at")
+            .values("started_at", "finished_at", "provider_account")
         )
     last_call_at = key_first_sent_at = None
     if calls:
@@ -159,6 +160,7 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         external_id=op.external_id,
         key_first_sent_at=key_first_sent_at,
         last_call_at=last_call_at,
+        call_accounts=frozenset(c["provider_account"] for c in calls if c["provider_account"]),
     )
 
 
@@ -334,6 +336,24 @@ def lookup_against_intent(
         return found
     return replace(
         found, outcome=LookupOutcome.INCONCLUSIVE, status=None, retry_after=None, reason=reason
+    )
+
+
+def lookup_in_calls_account(
+    op_snapshot: OperationSnapshot, found: LookupResult, *, account: str
+) -> LookupResult:
+    """An empty answer from one provider account says nothing of calls made in another: the
+    API key (or endpoint) changed since they went out, from test to live mode, say, or to
+    another company's account. Calling again on that absence would make the effect a second
+    time there. Inconclusive, for a person, never retried by itself."""
+    elsewhere = sorted(op_snapshot.call_accounts - {account})
+    if found.outcome != LookupOutcome.ABSENT or not elsewhere:
+        return found
+    return replace(
+        found, outcome=LookupOutcome.INCONCLUSIVE, retry_after=None,
+        reason=f"no effect in provider account {account}, but calls of this operation went "
+        f"to {', '.join(elsewhere)} (the API key or endpoint changed since): an empty answer "
+        "here proves nothing about them",
     )
 
 

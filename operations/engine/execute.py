@@ -156,6 +156,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             kind=AttemptKind.CALL,
             worker=worker,
             idempotency_key=op.idempotency_key,
+            provider_account=adapter.account(),
         )
 
     # The attempt just created is the newest call: no need to read it back.

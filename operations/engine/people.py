@@ -52,6 +52,7 @@ class _Verified:
     started_at: datetime
     finished_at: datetime
     problem: str  # why the answer does not back the resolution; empty when it does
+    account: str  # the provider account asked (ProviderAdapter.account)
 
 
 def operation_resolve(
@@ -159,7 +160,7 @@ def _reference_verify(op: Operation, *, reference: str, outcome: str) -> _Verifi
     problem = _reference_problem(op, found, reference=reference, outcome=outcome,
                                  provider=provider)
     return _Verified(found=found, provider=provider, started_at=started_at,
-                     finished_at=timezone.now(), problem=problem)
+                     finished_at=timezone.now(), problem=problem, account=adapter.account())
 
 
 def _reference_problem(
@@ -249,6 +250,7 @@ def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
         kind=AttemptKind.LOOKUP,
         worker=worker_name(),
         started_at=verified.started_at,
+        provider_account=verified.account,
         **lookup_attempt_fields(verified.found, finished_at=verified.finished_at),
     )
 

@@ -31,6 +31,7 @@ from operations.engine.core import (
     lookup_attempt_fields,
     lookup_data,
     lookup_guarded,
+    lookup_in_calls_account,
     next_attempt_number,
     outcome_open,
     person_text_check,
@@ -115,6 +116,7 @@ def operation_reconcile(
         return ReconcileReport(op.id, "nothing_to_do", op.status)
 
     adapter = core.adapter(op.action)
+    attempt_account = adapter.account()
     with transaction.atomic():
         # The calls made so far, read under the row lock: an absence this lookup proves says
         # nothing about a call that starts after it (a concurrent reconcile may allow one).
@@ -132,9 +134,14 @@ def operation_reconcile(
             kind=AttemptKind.LOOKUP,
             worker=worker_name(),
             idempotency_key=op.idempotency_key,
+            provider_account=attempt_account,
         )
     found = lookup_guarded(
-        op.id, lambda: lookup_against_intent(adapter, op_snapshot, adapter.lookup(op_snapshot))
+        op.id,
+        lambda: lookup_in_calls_account(
+            op_snapshot, lookup_against_intent(adapter, op_snapshot, adapter.lookup(op_snapshot)),
+            account=attempt_account,
+        ),
     )
     if actor is not None:
         audit_event_record(

@@ -128,6 +128,8 @@ class OperationSnapshot:
     # When the first call with `idempotency_key` was sent: a provider forgets a key a set
     # time (the contract's key_retention) after it first saw it, whatever came after.
     key_first_sent_at: datetime | None = None
+    # The provider accounts (`ProviderAdapter.account`) this operation's calls went to.
+    call_accounts: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,11 @@ class WebhookSignatureError(Exception):
 
 class ProviderAdapter(Protocol):
     contract: ToolContract
+
+    def account(self) -> str:
+        """The fingerprint of the provider account requests go to now (`transport.
+        account_fingerprint` of the configured endpoint and key)."""
+        ...
 
     def call(self, op: OperationSnapshot) -> CallResult: ...
 

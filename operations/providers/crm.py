@@ -23,6 +23,7 @@ from operations.providers.signing import header_get, hmac_signature_verify, sign
 from operations.providers.transport import (
     Answer,
     absence_once_named,
+    account_fingerprint,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -35,6 +36,10 @@ from operations.providers.transport import (
 
 def _base() -> str:
     return settings.CRM_API_BASE.rstrip("/")
+
+
+def _account() -> str:
+    return account_fingerprint(settings.CRM_API_BASE, settings.CRM_API_KEY)
 
 
 def _deal_facts(deal: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,6 +94,9 @@ class CrmCreateDealAdapter:
         dedup_method="agent_operation_id, unique at the CRM (a second create is refused) "
         "+ list deals by it",
     )
+
+    def account(self) -> str:
+        return _account()
 
     def call(self, op: OperationSnapshot) -> CallResult:
         payload = op.payload
@@ -150,6 +158,9 @@ class CrmUpdateDealAdapter:
         same_key_retry_safe=False,
         dedup_method="expected_version + applied_operation_ids on the deal",
     )
+
+    def account(self) -> str:
+        return _account()
 
     def call(self, op: OperationSnapshot) -> CallResult:
         payload = op.payload

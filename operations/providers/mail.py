@@ -23,6 +23,7 @@ from operations.providers.base import (
 from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
 from operations.providers.transport import (
     absence_once_named,
+    account_fingerprint,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -69,6 +70,9 @@ class MailSendAdapter:
         same_key_retry_safe=True,
         dedup_method="Idempotency-Key header + list messages by it",
     )
+
+    def account(self) -> str:
+        return account_fingerprint(settings.MAIL_API_BASE, settings.MAIL_API_KEY)
 
     def call(self, op: OperationSnapshot) -> CallResult:
         payload = op.payload

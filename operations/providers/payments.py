@@ -26,6 +26,7 @@ from operations.providers.signing import header_get, signed_event_parse, stripe_
 from operations.providers.transport import (
     Answer,
     absence_once_named,
+    account_fingerprint,
     call_result,
     carried_ids,
     lookup_by_id,
@@ -102,6 +103,9 @@ class PaymentsCreateAdapter:
 
     def _base(self) -> str:
         return settings.PAYMENTS_API_BASE.rstrip("/")
+
+    def account(self) -> str:
+        return account_fingerprint(settings.PAYMENTS_API_BASE, settings.PAYMENTS_API_KEY)
 
     def params(self, op: OperationSnapshot) -> dict[str, str]:
         payload = op.payload

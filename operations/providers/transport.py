@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
@@ -249,6 +251,16 @@ def absence_once_named(found: LookupResult, *, external_id: str) -> LookupResult
         reason=f"the provider no longer has {external_id}, which it named for this operation "
         "(deleted since, or asked of another account or mode)",
     )
+
+
+@lru_cache(maxsize=32)
+def account_fingerprint(base: str, api_key: str) -> str:
+    """Which provider account a request reaches, as the journal may keep it: the endpoint
+    and the API key (Stripe's key alone picks the account and live or test mode), hashed,
+    never the key itself. Equal fingerprints: the same account. Different: possibly another
+    one, where a lookup cannot see what a call made."""
+    digest = hashlib.sha256(f"{base.rstrip('/')}\n{api_key}".encode()).hexdigest()
+    return f"acct_{digest[:12]}"
 
 
 def carried_ids(*ids: Any) -> tuple[str, ...]:

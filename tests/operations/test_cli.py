@@ -245,7 +245,7 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
     from operations.models import Attempt
 
     Attempt.objects.create(operation=acme_payment, number=1, kind="lookup", outcome="found",
-                           http_status=200, external_id="pi_9")
+                           http_status=200, external_id="pi_9", provider_account="acct_1a2b")
     data = json.loads(_run("show", acme_payment.id, "--json"))
     op = acme_payment
     assert data == {
@@ -256,7 +256,8 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
         "supersedes": None, "resolved_manually": False, "error_code": "",
         "provider_calls": 0, "created_at": op.created_at.isoformat(),
         "attempts": [{"number": 1, "kind": "lookup", "outcome": "found", "http_status": 200,
-                      "external_id": "pi_9", "started_at": data["attempts"][0]["started_at"]}],
+                      "external_id": "pi_9", "provider_account": "acct_1a2b",
+                      "started_at": data["attempts"][0]["started_at"]}],
     }
 
 

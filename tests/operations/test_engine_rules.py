@@ -407,6 +407,7 @@ def test_it_keeps_a_newer_calls_schedule_when_an_older_lookup_ends(acme, monkeyp
 
     class SlowLookup:
         contract = real.contract
+        account = real.account
 
         def lookup(self, op_):
             # Meanwhile another reconcile proved absence and call 2 went out and was lost:

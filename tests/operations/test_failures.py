@@ -363,6 +363,7 @@ def test_it_clears_the_lost_answers_error_once_the_lookup_finds_the_payment(
 def test_it_shows_the_claim_before_the_call_it_started_in_the_timeline(
     acme, approver, providers
 ):
+    from operations.engine.core import adapter
     from operations.selectors import operation_timeline
 
     op = authorized_payment(acme, approver)
@@ -373,6 +374,10 @@ def test_it_shows_the_claim_before_the_call_it_started_in_the_timeline(
     result = titles.index("Call result: in_progress → succeeded")
     assert claim < call < result
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    # The call kept the account it reached; one account is not worth a word on the page.
+    account = op.attempts.get().provider_account
+    assert account == adapter(op.action).account()
+    assert not any("account" in entry.detail for entry in operation_timeline(op))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -876,6 +881,7 @@ def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
 
     class FailingLookup:
         contract = real.contract
+        account = real.account
 
         def lookup(self, op_):
             return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
@@ -1152,6 +1158,50 @@ def test_it_leaves_a_payment_the_provider_named_and_no_longer_has_to_a_person(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_call_made_in_another_provider_account_to_a_person(
+    acme, approver, providers, settings
+):
+    from operations.engine.core import adapter, snapshot
+
+    op = authorized_payment(acme, approver)
+    # The worker died before the provider's answer (and its id) reached the journal; the
+    # payment was made. Then the deployment's API key was switched to another account (test
+    # mode to live mode, say): that account has neither the payment nor the key.
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=2))
+    first_account = adapter(op.action).account()
+    Attempt.objects.filter(operation=op, number=1).update(provider_account=first_account)
+    assert adapter(op.action).call(snapshot(op)).external_id
+    settings.PAYMENTS_API_KEY = "sk_live_another_account"
+    PaymentIntent.objects.all().delete()
+    IdempotencyRecord.objects.filter(key=op.idempotency_key).delete()
+    second_account = adapter(op.action).account()
+    assert second_account != first_account
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    # The empty search asked the other account: calling on it would pay a second time there.
+    assert (report.outcome, report.may_call_again) == ("inconclusive", False)
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    op.refresh_from_db()
+    assert (op.status, op.next_reconcile_at) == (S.UNKNOWN, None)
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert op.evidence.filter(kind="lookup").last().summary == (
+        f"lookup inconclusive: no effect in provider account {second_account}, but calls of "
+        f"this operation went to {first_account} (the API key or endpoint changed since): an "
+        "empty answer here proves nothing about them; waiting for a person"
+    )
+    lookups = op.attempts.filter(kind=AttemptKind.LOOKUP)
+    assert set(lookups.values_list("provider_account", flat=True)) == {second_account}
+    from operations.selectors import operation_timeline
+
+    details = [e.detail for e in operation_timeline(op) if e.kind == "attempt"]
+    assert f"account {first_account}" in details[0]
+    assert all(f"account {second_account}" in d for d in details[1:]) and details[1:]
+    assert len(payment_posts(op)) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_never_records_a_stalled_workers_refusal_over_a_newer_calls_payment(
     acme, approver, providers, settings, monkeypatch
 ):
@@ -1305,6 +1355,7 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
 
     class FailingLookup:
         contract = real.contract
+        account = real.account
 
         def lookup(self, op_):
             return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,

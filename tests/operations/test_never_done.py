@@ -183,6 +183,7 @@ def test_it_takes_an_empty_search_for_the_moment_it_was_sent_not_answered(
 
     class SlowAnswer:
         contract = real.contract
+        account = real.account
 
         def lookup(self, op_):
             found = real.lookup(op_)  # searched now: the payment is not visible yet

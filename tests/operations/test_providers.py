@@ -46,6 +46,27 @@ def test_it_maps_actions_to_adapters_and_providers():
         webhook_verifier_for("sms")
 
 
+@pytest.mark.parametrize(("action", "prefix"), [
+    ("payments.create", "PAYMENTS"), ("crm.create_deal", "CRM"), ("crm.update_deal", "CRM"),
+    ("mail.send", "MAIL"),
+])
+def test_it_tells_provider_accounts_apart_without_keeping_the_key(settings, action, prefix):
+    adapter = adapter_for(action)
+    setattr(settings, f"{prefix}_API_BASE", "https://provider.example/v1")
+    setattr(settings, f"{prefix}_API_KEY", "sk_test_first_account")
+    first = adapter.account()
+    setattr(settings, f"{prefix}_API_BASE", "https://provider.example/v1/")
+    assert adapter.account() == first  # the same endpoint, spelled with a trailing slash
+
+    setattr(settings, f"{prefix}_API_KEY", "sk_live_first_account")
+    live = adapter.account()
+    setattr(settings, f"{prefix}_API_BASE", "https://other-provider.example/v1")
+    elsewhere = adapter.account()
+    assert len({first, live, elsewhere}) == 3
+    assert all(a.startswith("acct_") and len(a) == 17 for a in (first, live, elsewhere))
+    assert "first_account" not in first + live + elsewhere
+
+
 def test_it_creates_retrieves_and_searches_a_payment(sandbox):
     op = payment()
     result = PAYMENTS.call(op)

@@ -54,6 +54,9 @@ class ProviderModel:
     log: list[tuple[str, str]] = field(default_factory=list)
     sent: list[tuple[str, str]] = field(default_factory=list)
 
+    def account(self) -> str:
+        return "acct_model"
+
     def call(self, op) -> CallResult:
         fault = self.call_faults.pop(0) if self.call_faults else "ok"
         params = dict(op.payload)

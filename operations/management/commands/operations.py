@@ -45,6 +45,7 @@ def _as_dict(op: Operation) -> dict[str, Any]:
                 "outcome": a.outcome,
                 "http_status": a.http_status,
                 "external_id": a.external_id,
+                "provider_account": a.provider_account,
                 "started_at": a.started_at.isoformat(),
             }
             for a in op.attempts.order_by("number")

@@ -116,7 +116,16 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
             return "held", message
     elif other_object:
         # Two provider objects carry this operation (a data incident): an event about the one
-        # we did not record says nothing certain about ours. Kept on the timeline for a person.
+        # we did not record says nothing certain about ours. One that moved money (or is
+        # moving it) is a second effect of one intent: loudly, for a person.
+        if target in (S.SUCCEEDED, S.ACCEPTED):
+            message = (
+                f"held for review: the provider reports a second effect, {facts.external_id} "
+                f"({target}), carrying {op.id}, which records {op.external_id}; a person "
+                "decides"
+            )
+            _webhook_evidence(op, facts=facts, data=data, message=message)
+            return "held", message
         message = (
             f"ignored: the event is about {facts.external_id}, the operation records "
             f"{op.external_id}; a person decides"

@@ -445,6 +445,36 @@ def test_it_ignores_an_event_about_another_object_carrying_the_operation(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("event_type", "status", "said"), [
+    ("payment_intent.succeeded", "succeeded", "succeeded"),
+    ("payment_intent.processing", "accepted", "accepted"),
+])
+def test_it_holds_an_event_about_a_second_payment_carrying_the_operation_for_review(
+    acme, approver, providers, event_type, status, said
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import webhooks_held_for_review
+
+    op = async_payment(acme, approver)
+    # Another PaymentIntent carries this operation id and moves money: one intent, two
+    # effects. Ours stays as the provider reports it; the second is a person's to look at.
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_second", event_type=event_type, operation_id=op.id,
+        external_id="pi_second", status=CallOutcome(status)))
+
+    op.refresh_from_db()
+    assert (result, message) == ("held", (
+        f"held for review: the provider reports a second effect, pi_second ({said}), "
+        f"carrying {op.id}, which records {op.external_id}; a person decides"))
+    assert op.status == S.ACCEPTED and op.external_id != "pi_second"
+    event = WebhookEvent.objects.get(event_id="evt_second")
+    assert event.operation_id == op.id and not event.applied and event.needs_review
+    assert list(webhooks_held_for_review(operation=op)) == [event]
+    assert op.evidence.filter(kind="webhook", summary__contains="pi_second").count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_never_revives_an_operation_a_person_resolved(
     acme, approver, operator, providers, live_server
 ):

@@ -115,9 +115,13 @@ def test_it_lists_attempts_in_show(acme_payment):
 @pytest.mark.django_db
 def test_it_executes_only_what_is_authorized(acme_payment):
     assert acme_payment.requires_approval  # payments always need a person's approval
-    out = _run("execute", acme_payment.id)
+    with pytest.raises(CommandError) as refused:
+        _run("execute", acme_payment.id)
     acme_payment.refresh_from_db()
-    assert out.strip() == "awaiting_authorization not_started"
+    assert str(refused.value) == (
+        f"awaiting_authorization not_started: {acme_payment.id} has no approval to run; "
+        "nothing was called (approve it in the approval queue first)"
+    )
     assert acme_payment.provider_calls == 0 and acme_payment.status == "not_started"
     assert not acme_payment.attempts.exists()
 
@@ -222,6 +226,8 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
             "no tenant",
         ),
         (("show", "op_ghost"), "no operation"),
+        # Not approved: a script must not go on as if the payment had been attempted.
+        (("execute", op_id), "nothing was called"),
     ]:
         result = manage(*args)
         assert result.returncode != 0, args

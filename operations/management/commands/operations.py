@@ -139,6 +139,13 @@ class Command(BaseCommand):
             report = operation_execute(operation_id=op.id)
         except EngineError as exc:
             raise CommandError(f"execute refused: {exc}") from exc
+        if report.outcome == "awaiting_authorization":
+            # Nothing ran: a runbook's `operations execute … && next step` must not go on as
+            # if the effect had been attempted.
+            raise CommandError(
+                f"awaiting_authorization {report.status}: {op.id} has no approval to run; "
+                "nothing was called (approve it in the approval queue first)"
+            )
         self.stdout.write(
             f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
         )

@@ -484,10 +484,13 @@ class WebhookEvent(models.Model):
     deliveries = models.PositiveIntegerField(default=1)
     applied = models.BooleanField(default=False)
     outcome = models.CharField(max_length=200, blank=True)
-    # The provider reports another outcome for an operation a person settled or holds: not
-    # applied (a person's decision stands), but shown to operators until they act on the
-    # operation again.
+    # The provider reports another outcome for an operation a person settled or holds, or an
+    # effect that is not the approved one: not applied (a person's decision stands), but shown
+    # to operators until a person disputes or resolves the operation (`reviewed_at`). Not
+    # until the status merely changes: a call's answer landing after the event must not
+    # take a second payment's notice off the queue.
     needs_review = models.BooleanField(default=False)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -500,8 +503,8 @@ class WebhookEvent(models.Model):
             # The operators' queue and the dashboard read the few events that need review.
             models.Index(
                 fields=["operation", "received_at"],
-                condition=models.Q(needs_review=True),
-                name="webhook_needs_review_idx",
+                condition=models.Q(needs_review=True, reviewed_at__isnull=True),
+                name="webhook_held_idx",
             ),
         ]
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import Count, F, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
 from django.http import Http404
 from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
@@ -212,11 +212,10 @@ def operations_unknown_queue(user, *, limit: int = 100):
 def webhooks_held_for_review(
     *, tenant_ids: list[int] | None = None, operation: Operation | None = None
 ) -> QuerySet[WebhookEvent]:
-    """Provider events that contradict what a person decided (or holds), received since the
-    operation's status last changed: acting on it again (dispute, resolve) clears them."""
-    events = WebhookEvent.objects.filter(
-        needs_review=True, received_at__gt=F("operation__status_changed_at")
-    )
+    """Provider events held for a person (they contradict what a person decided, or report an
+    effect that is not the approved one) that no person has answered yet: disputing or
+    resolving the operation does."""
+    events = WebhookEvent.objects.filter(needs_review=True, reviewed_at__isnull=True)
     if operation is not None:
         events = events.filter(operation=operation)
     if tenant_ids is not None:

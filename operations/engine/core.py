@@ -27,6 +27,7 @@ from operations.models import (
     Evidence,
     Operation,
     OperationStatus,
+    WebhookEvent,
 )
 from operations.providers.base import (
     CallOutcome,
@@ -261,6 +262,16 @@ def transition(
         if not won:
             return False
         payload = dict(data or {})
+        if manual:
+            # A person's decision on the operation answers the provider events held for
+            # them: they leave the queue now, and the record says which were answered.
+            held = WebhookEvent.objects.filter(
+                operation_id=op.id, needs_review=True, reviewed_at__isnull=True
+            )
+            reviewed = sorted(held.values_list("event_id", flat=True))
+            if reviewed:
+                held.update(reviewed_at=now)
+                payload["reviewed_events"] = reviewed
         if before["unknown_since"] is not None and to != S.UNKNOWN:
             payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
         Evidence.objects.create(

@@ -475,6 +475,36 @@ def test_it_holds_an_event_about_a_second_payment_carrying_the_operation_for_rev
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_keeps_a_held_event_for_review_until_a_person_decides(
+    acme, approver, operator, providers
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import webhooks_held_for_review
+
+    op = async_payment(acme, approver)
+    second = WebhookFacts(
+        event_id="evt_second", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id="pi_second", status=CallOutcome.SUCCEEDED)
+    assert engine.webhook_apply(provider="payments", facts=second)[0] == "held"
+    # Then our own payment settles: the operation moves on, the second payment is still there.
+    ours = WebhookFacts(
+        event_id="evt_ours", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.SUCCEEDED)
+    assert engine.webhook_apply(provider="payments", facts=ours)[0] == "applied"
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_second"]
+
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="two payments for one invoice: treasury reverses one")
+    assert not webhooks_held_for_review(operation=op).exists()
+    assert WebhookEvent.objects.get(event_id="evt_second").reviewed_at is not None
+    disputed = op.evidence.get(kind="manual")
+    assert disputed.data["reviewed_events"] == ["evt_second"]
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_never_revives_an_operation_a_person_resolved(
     acme, approver, operator, providers, live_server
 ):

@@ -18,3 +18,35 @@ def test_it_gives_operations_left_waiting_before_0007_a_recheck(acme, approver):
 
         assert Operation.objects.get(id=waiting.id).next_reconcile_at is not None
         assert Operation.objects.get(id=fresh.id).next_reconcile_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_the_held_events_queue_as_it_was_across_0015(acme):
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from operations.models import WebhookEvent
+    from operations.selectors import webhooks_held_for_review
+
+    changed = timezone.now() - timedelta(minutes=10)
+    with migrated_back_to([("operations", "0014_attempt_provider_account")]) as forward:
+        op = prepared_payment(acme)
+        Operation.objects.filter(id=op.id).update(status_changed_at=changed)
+        with connection.cursor() as cursor:
+            for event_id, received in (("evt_answered", changed - timedelta(minutes=1)),
+                                       ("evt_held", changed + timedelta(minutes=1))):
+                cursor.execute(
+                    "INSERT INTO operations_webhookevent (provider, event_id, event_type, "
+                    "operation_id, external_id, data, received_at, deliveries, applied, "
+                    "outcome, needs_review) VALUES ('payments', %s, 'payment_intent.succeeded',"
+                    " %s, 'pi_1', '{}', %s, 1, false, 'held for review', true)",
+                    [event_id, op.id, received],
+                )
+
+        forward([("operations", "0015_webhook_reviewed_at")])
+
+    # Before 0015 the queue showed only events newer than the operation's last change.
+    assert WebhookEvent.objects.get(event_id="evt_answered").reviewed_at == changed
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_held"]

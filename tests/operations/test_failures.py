@@ -22,7 +22,7 @@ from operations.sandbox.models import Deal, IdempotencyRecord, PaymentIntent
 from operations.sandbox.selectors import sandbox_counts, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
-from tests.helpers import Background, wait_for
+from tests.helpers import Background, signed_in, wait_for
 from tests.operations.engine_helpers import async_payment, authorized_payment
 
 S = OperationStatus
@@ -494,6 +494,10 @@ def test_it_keeps_a_held_event_for_review_until_a_person_decides(
     op.refresh_from_db()
     assert op.status == S.SUCCEEDED
     assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_second"]
+    client = signed_in(operator)
+    said = f"a second effect, pi_second (succeeded), carrying {op.id}"
+    assert said in client.get(f"/operations/{op.id}/").content.decode()
+    assert said in client.get("/operations/unknown/").content.decode()
 
     engine.operation_dispute(operation_id=op.id, actor=operator,
                              reason="two payments for one invoice: treasury reverses one")
@@ -501,6 +505,7 @@ def test_it_keeps_a_held_event_for_review_until_a_person_decides(
     assert WebhookEvent.objects.get(event_id="evt_second").reviewed_at is not None
     disputed = op.evidence.get(kind="manual")
     assert disputed.data["reviewed_events"] == ["evt_second"]
+    assert said not in client.get("/operations/unknown/").content.decode()
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
 
 

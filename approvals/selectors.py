@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Count, Min, Prefetch, Q, QuerySet
 from django.http import Http404
@@ -125,6 +125,12 @@ def _parse_cursor(cursor: str) -> tuple[str, datetime | None, str]:
     except ValueError:  # well-formed but impossible (February 30th): not ours, start over
         when = None
     if segment not in ("p", "d") or when is None or timezone.is_naive(when) or not last_id:
+        return "", None, ""
+    try:
+        # In UTC, as the queue writes it: Python reads offsets up to ±23:59, PostgreSQL
+        # holds ±15:59 only (a 500), and a moment past year 1 or 9999 in UTC is not ours.
+        when = when.astimezone(UTC)
+    except OverflowError:
         return "", None, ""
     return segment, when, last_id
 

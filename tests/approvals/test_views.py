@@ -386,6 +386,39 @@ def test_it_starts_over_on_a_cursor_that_is_not_a_real_time(acme, approver, prep
         assert approval.id in response.content.decode()  # the first page
 
 
+def test_it_starts_over_on_a_cursor_whose_time_the_database_cannot_hold(
+    acme, approver, prepare_payment
+):
+    # Python reads offsets up to ±23:59; PostgreSQL holds ±15:59 only: it raised (a 500).
+    approval = prepare_payment(acme)
+    client = signed_in(approver)
+    shown = {
+        "p|2024-01-01T00:00:00+23:59|x": True,  # pending, expiring after that moment
+        "d|2024-01-01T00:00:00-16:00|x": False,  # a page of decisions only
+        "p|0001-01-01T00:00:00+05:00|x": True,  # before year 1 in UTC: the first page
+        "d|9999-12-31T23:59:59-05:00|x": True,  # after 9999 in UTC: the first page
+    }
+    for cursor, pending_shown in shown.items():
+        for htmx in ({}, {"HTTP_HX_REQUEST": "true"}):
+            response = client.get(reverse("approvals:queue"), {"cursor": cursor}, **htmx)
+            assert response.status_code == 200, cursor
+            assert (approval.id in response.content.decode()) == pending_shown, cursor
+
+
+def test_it_keeps_its_place_on_a_cursor_written_in_another_offset(
+    acme, approver, prepare_payment
+):
+    from datetime import timedelta, timezone
+
+    first, second = prepare_payment(acme), prepare_payment(acme, invoice_id="inv_2")
+    Approval.objects.filter(id=second.id).update(expires_at=first.expires_at)
+    moment = first.expires_at.astimezone(timezone(timedelta(hours=5)))
+    response = signed_in(approver).get(
+        reverse("approvals:queue"), {"cursor": f"p|{moment.isoformat()}|{first.id}"}
+    )
+    assert [card["approval"].id for card in response.context["cards"]] == [second.id]
+
+
 def test_it_counts_the_intents_waiting_on_the_dashboard(acme, approver, other_tenant_user,
                                                        prepare_payment, no_execute):
     waiting = prepare_payment(acme)

@@ -4,7 +4,7 @@ from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
-from operations.forms import FilterForm
+from operations.forms import FilterForm, UtcDateTimeField
 from operations.selectors import AuditFilters
 
 
@@ -28,11 +28,11 @@ class AuditFilterForm(FilterForm):
         widget=forms.TextInput(attrs={"list": "audit-actions", "autocomplete": "off"}),
     )
     object = forms.CharField(required=False, max_length=150, label="Object id")
-    since = forms.DateTimeField(
+    since = UtcDateTimeField(
         required=False, label="Since (UTC)",
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )
-    until = forms.DateTimeField(
+    until = UtcDateTimeField(
         required=False, label="Until (UTC)",
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )

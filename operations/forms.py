@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django import forms
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 
 from operations.intents import secret_in_text
@@ -17,6 +18,25 @@ AGES: dict[str, tuple[str, timedelta]] = {
     "24h": ("older than 24 hours", timedelta(hours=24)),
     "7d": ("older than 7 days", timedelta(days=7)),
 }
+
+
+class UtcDateTimeField(forms.DateTimeField):
+    """A moment, in UTC. Python reads offsets up to ±23:59, PostgreSQL holds ±15:59 only:
+    any other offset reached the query and raised (a 500). A moment outside the years 1 to
+    9999 in UTC is no moment the journal holds: refused, said at the field."""
+
+    default_error_messages = {"out_of_range": "Enter a time between the years 1 and 9999 UTC."}
+
+    def to_python(self, value):
+        moment = super().to_python(value)
+        if moment is None:
+            return None
+        try:
+            return moment.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError(
+                self.error_messages["out_of_range"], code="out_of_range"
+            ) from None
 
 
 class FilterForm(forms.Form):
@@ -118,7 +138,7 @@ class ResolveForm(ReasonForm):
     # When the status the page showed was set: the resolution applies to that status only,
     # never to one the engine moved the operation to after the person looked.
     # autocomplete off: a browser restoring form state on reload would send the old moment.
-    seen = forms.DateTimeField(
+    seen = UtcDateTimeField(
         required=False, widget=forms.HiddenInput(attrs={"autocomplete": "off"})
     )
 

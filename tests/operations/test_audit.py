@@ -194,6 +194,34 @@ def test_it_shows_and_exports_nothing_for_a_filter_that_does_not_parse(trail, au
 
 
 @pytest.mark.django_db
+def test_it_reads_a_time_with_any_offset_and_refuses_one_outside_the_calendar(trail, auditor):
+    # Python reads offsets up to ±23:59; PostgreSQL holds ±15:59 only: the page and the
+    # export raised (a 500), the export after it was already on the trail.
+    client = Client()
+    client.force_login(auditor)
+    for moment in ("2024-01-01T00:00:00+23:59", "2024-01-01T00:00:00-16:00"):
+        for field in ("since", "until"):
+            query = {field: moment}
+            expect_rows = field == "since"  # the trail was written after 2024
+            page = client.get("/audit/", query)
+            rows = client.get("/audit/", query, HTTP_HX_REQUEST="true")
+            export = client.get("/audit.csv", query)
+            for response in (page, rows, export):
+                assert response.status_code == 200, (field, moment)
+            body = b"".join(export.streaming_content).decode()
+            for html in (page.content.decode(), rows.content.decode(), body):
+                assert ("apr_6" in html) == expect_rows, (field, moment)
+    exports = AuditEvent.objects.filter(action="audit.export").count()
+
+    # In UTC before year 1: no moment the trail holds, and said so.
+    query = {"since": "0001-01-01T00:00:00+05:00"}
+    page = client.get("/audit/", query).content.decode()
+    assert "Nothing is shown: Since (UTC)" in page and "apr_" not in page
+    assert client.get("/audit.csv", query).status_code == 400
+    assert AuditEvent.objects.filter(action="audit.export").count() == exports
+
+
+@pytest.mark.django_db
 def test_it_exports_text_that_spreadsheets_will_not_run_and_json_they_can_read(acme, auditor):
     import json
 

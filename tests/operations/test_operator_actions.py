@@ -893,6 +893,25 @@ def test_it_resolves_the_status_the_page_showed(acme_unknown, operator):
     assert _audits(op, "operation.resolve_succeeded") == 1
 
 
+@pytest.mark.django_db
+def test_it_resolves_the_status_the_page_showed_whatever_offset_the_moment_came_in(
+    acme_unknown, operator
+):
+    from datetime import timezone as dt_timezone
+
+    # The same moment, in an offset Python reads and PostgreSQL cannot hold (±15:59 at
+    # most): the conditional update raised (a 500).
+    op = acme_unknown
+    moment = op.status_changed_at.astimezone(dt_timezone(timedelta(hours=23, minutes=59)))
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/resolve", {**TEXT_ONLY, "resolve-seen": moment.isoformat()},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 200
+    op.refresh_from_db()
+    assert op.status == "succeeded" and _audits(op, "operation.resolve_succeeded") == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_refuses_a_resolution_of_a_status_the_operator_never_saw(
     acme, approver, operator, sandbox

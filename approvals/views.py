@@ -125,7 +125,9 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
 
 def _next_url(request: HttpRequest, approval: Approval) -> str:
     candidate = request.POST.get("next", "")
-    if candidate and url_has_allowed_host_and_scheme(
+    # A path on this site, as the card writes it (the page it is on): redirect() would take
+    # anything else for a view's name, and an unknown one raised after the decision was made.
+    if candidate.startswith("/") and url_has_allowed_host_and_scheme(
         candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
         return candidate

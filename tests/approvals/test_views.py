@@ -210,6 +210,25 @@ def test_it_ignores_an_offsite_next(acme, approver, prepare_payment, no_execute)
     assert response["Location"] == reverse("approvals:detail", args=[approval.id])
 
 
+def test_it_returns_to_the_approval_for_a_next_that_is_not_a_path(
+    acme, approver, prepare_payment, no_execute
+):
+    # redirect() reads a bare word as a view name: "queue" raised NoReverseMatch (a 500)
+    # after the decision had been taken, and the approver saw an error, not that it was.
+    approve, reject = prepare_payment(acme), prepare_payment(acme, invoice_id="inv_2")
+    client = signed_in(approver)
+    for approval, url, data in (
+        (approve, _approve_url(approve), {"next": "queue"}),
+        (reject, reverse("approvals:reject", args=[reject.id]),
+         {"next": "approvals:queue", "reason": "duplicate"}),
+    ):
+        response = client.post(url, data)
+        assert response.status_code == 302
+        assert response["Location"] == reverse("approvals:detail", args=[approval.id])
+    assert Approval.objects.get(id=approve.id).status == ApprovalStatus.APPROVED
+    assert Approval.objects.get(id=reject.id).status == ApprovalStatus.REJECTED
+
+
 def test_it_shows_the_refusal_in_the_card(acme, approver, admin_user, prepare_payment,
                                           no_execute):
     approval = prepare_payment(acme)

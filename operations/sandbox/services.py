@@ -112,9 +112,14 @@ def sandbox_request_log(
     params_hash: str, request_id: str,
 ) -> SandboxRequest:
     """Logged before the work, so a request whose answer is dropped is counted too."""
+
+    def text(value: str, limit: int) -> str:
+        # PostgreSQL refuses a NUL byte in text: kept visible instead of raising (a 500).
+        return value.replace("\x00", "\\x00")[:limit]
+
     return SandboxRequest.objects.create(
-        provider=provider, method=method[:10], path=path[:300],
-        idempotency_key=idempotency_key[:255], operation_id=operation_id[:120],
+        provider=provider, method=text(method, 10), path=text(path, 300),
+        idempotency_key=text(idempotency_key, 255), operation_id=text(operation_id, 120),
         params_hash=params_hash, request_id=request_id,
     )
 

@@ -105,6 +105,24 @@ def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
     return None
 
 
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
+def _nul_byte(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> JsonResponse | None:
+    """PostgreSQL refuses a NUL byte in text: an id, a parameter or a key holding one is the
+    client's mistake (400), never our crash (500)."""
+    if _holds_nul([request.headers.get("Idempotency-Key", ""), params, kwargs]):
+        return invalid("A value contains a NUL byte, which no parameter may hold")
+    return None
+
+
 def _authorized(request: HttpRequest, provider: str) -> bool:
     expected = f"Bearer {getattr(settings, f'{provider.upper()}_API_KEY')}"
     return digests_equal(expected, request.headers.get("Authorization", ""))
@@ -127,7 +145,7 @@ def _answer(
                      message="Invalid API key provided")
     if params is None:
         return invalid("The body is not a JSON object", code="parameter_invalid_json")
-    problem = _too_long(request, params)
+    problem = _too_long(request, params) or _nul_byte(request, params, kwargs)
     if problem:
         return problem
     kinds = WRITE_FAULTS if request.method in WRITE_METHODS else READ_FAULTS

@@ -255,6 +255,37 @@ def test_it_refuses_a_value_longer_than_the_provider_keeps_with_a_400(sandbox, p
     assert sandbox_requests(provider=provider).get().response_status == 400
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/payments/v1/payment_intents/pi_%00", {}),
+        ("GET", "/payments/v1/payment_intents/search", {
+            "params": {"query": "metadata['operation_id']:'op_\x00'"}}),
+        ("POST", "/payments/v1/payment_intents", {
+            "data": {**VALID_PAYMENT, "metadata[operation_id]": "op_\x00"}}),
+        ("GET", "/crm/deals/deal_%00", {}),
+        ("POST", "/crm/deals", {"json": {**DEAL, "name": "Acme\x00renewal"}}),
+        ("GET", "/mail/messages/msg_%00", {}),
+        ("POST", "/mail/messages", {"json": {**MAIL, "params": {"invoice": "inv_\x00"}}}),
+    ],
+)
+def test_it_refuses_a_nul_byte_with_a_400_not_500(sandbox, method, path, body):
+    # PostgreSQL refuses NUL in text: the request log (written before the key is even
+    # checked) and the provider's own reads raised, a 500 for anyone who reached it.
+    provider = path.split("/")[1]
+
+    anonymous = httpx.request(method, f"{sandbox}{path}", **body)
+    answer = ask(method, f"{sandbox}{path}", provider=provider, **body)
+
+    assert anonymous.status_code == 401
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "parameter_invalid"
+    assert PaymentIntent.objects.count() == Deal.objects.count() == Message.objects.count() == 0
+    logged = sandbox_requests(provider=provider)
+    assert [r.response_status for r in logged] == [401, 400]
+    assert all("\x00" not in r.path + r.operation_id for r in logged)
+
+
 # --- CRM ----------------------------------------------------------------------------------
 
 

@@ -39,10 +39,16 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
         .annotate(n=Count("id"))
         .values("n")
     )
+    # The parent only within the run's tenant, as the run's page names it: lineage never
+    # names another tenant's run (a row that got there by hand included).
+    parent_in_tenant = Run.objects.filter(
+        id=OuterRef("parent_run_id"), tenant=OuterRef("tenant")
+    ).values("id")[:1]
     return (
         qs.select_related("tenant", "launched_by")
         .annotate(operation_count=Coalesce(Subquery(operation_count), 0,
-                                           output_field=IntegerField()))
+                                           output_field=IntegerField()),
+                  parent_in_tenant_id=Subquery(parent_in_tenant))
         .order_by("-id")
     )
 

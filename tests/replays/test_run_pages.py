@@ -149,3 +149,35 @@ def test_it_never_shows_another_tenants_run_in_a_lineage(lineage, globex, audito
     assert "a run of another tenant" in html
     html = signed_in(other_tenant_user).get(f"/runs/{theirs.id}/").content.decode()
     assert original.id not in html and adopted.id not in html
+
+
+@pytest.mark.django_db
+def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
+    lineage, globex, auditor, other_tenant_user
+):
+    original, _branch, cp, _op = lineage
+    # As above, by hand: a globex run derived from acme's, and an acme run from globex's.
+    theirs = Run.objects.create(
+        conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
+        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=original,
+        parent_checkpoint=cp,
+    )
+    their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="prepare_payment",
+                                         state={}, state_hash="sha256:" + "b" * 64)
+    adopted = Run.objects.create(
+        conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
+        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
+        parent_checkpoint=their_cp,
+    )
+    for user, mine, conversation, not_theirs in (
+        (auditor, adopted, "conv_01TEST", theirs),
+        (other_tenant_user, theirs, "conv_01GLOBEX", original),
+    ):
+        client = signed_in(user)
+        for html in (
+            client.get("/runs/").content.decode(),
+            client.get("/runs/", HTTP_HX_REQUEST="true").content.decode(),
+            client.get(f"/runs/conversations/{conversation}/").content.decode(),
+        ):
+            assert mine.id in html and not_theirs.id not in html, user.username
+            assert "a run of another tenant" in html

@@ -101,6 +101,8 @@ def operation_reconcile(
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     if actor is not None:
         require_perm(actor, "operate_operations", op)
+    # What the person asked about (an expired lease is still in_progress to them).
+    asked_at = {"status": op.status}
     if lease_expired(op):
         _expire_lease(op)
         op.refresh_from_db()
@@ -110,8 +112,9 @@ def operation_reconcile(
             # status had moved on and there was nothing to look up.
             audit_event_record(
                 actor=actor, action="operation.reconcile", tenant=op.tenant,
-                object_type="operation", object_id=op.id, reason=reason,
-                after={"lookup": "none", "detail": f"nothing to do: {op.status}"},
+                object_type="operation", object_id=op.id, reason=reason, before=asked_at,
+                after={"status": op.status, "lookup": "none",
+                       "detail": f"nothing to do: {op.status}"},
             )
         return ReconcileReport(op.id, "nothing_to_do", op.status)
 
@@ -143,7 +146,12 @@ def operation_reconcile(
             account=attempt_account,
         ),
     )
+    report = _record_lookup(
+        op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
+    )
     if actor is not None:
+        # After the lookup is recorded: the trail says what the person's reconcile moved,
+        # from the status they asked about to the one it left, not only what was found.
         audit_event_record(
             actor=actor,
             action="operation.reconcile",
@@ -151,11 +159,10 @@ def operation_reconcile(
             object_type="operation",
             object_id=op.id,
             reason=reason,
-            after={"lookup": found.outcome, "detail": found.reason},
+            before=asked_at,
+            after={"status": report.status, "lookup": found.outcome, "detail": found.reason},
         )
-    return _record_lookup(
-        op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
-    )
+    return report
 
 
 def _newest_call(op: Operation) -> dict[str, Any] | None:

@@ -392,7 +392,26 @@ def test_it_leaves_a_disputed_operation_alone_on_the_engine_side_too(
     # The request itself is on the trail, with its reason, though nothing was looked up.
     event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
     assert (event.reason, event.actor_username) == ("check again", "operator")
-    assert event.after == {"lookup": "none", "detail": "nothing to do: disputed"}
+    assert event.before == {"status": "disputed"}
+    assert event.after == {"status": "disputed", "lookup": "none",
+                           "detail": "nothing to do: disputed"}
+
+
+@pytest.mark.django_db
+def test_it_puts_the_status_a_reconcile_now_moved_on_the_trail(acme_unknown, operator, sandbox):
+    # The trail is where an auditor reads what people did: a reconcile that settled an
+    # operation said only what the lookup found, never from which status to which.
+    op = acme_unknown
+    _payment_at_provider(op)  # the call whose answer was lost did land
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"})
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert op.status == "succeeded"
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
+    assert (event.actor_username, event.reason) == ("operator", "customer is asking")
+    assert event.before == {"status": "unknown"}
+    assert (event.after["status"], event.after["lookup"]) == ("succeeded", "found")
 
 
 @pytest.mark.django_db

@@ -41,6 +41,8 @@ MAX_LENGTHS = {
     "Idempotency-Key": 255, "metadata": 500, "name": 200, "owner": 150, "to": 254,
     "template": 100, "agent_operation_id": 120, "operation_id": 120,
 }
+# The amount columns' size (bigint): a larger amount is refused too, never an insert's crash.
+MAX_AMOUNT = 2**63 - 1
 READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
     FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
@@ -233,6 +235,9 @@ def _payment_params(params: Params) -> tuple[dict[str, Any], JsonResponse | None
                            param="amount")
     if amount <= 0:
         return {}, invalid("Amount must be positive", code="amount_too_small", param="amount")
+    if amount > MAX_AMOUNT:
+        return {}, invalid(f"Amount must be no more than {MAX_AMOUNT}", code="amount_too_large",
+                           param="amount")
     currency = str(params.get("currency", ""))
     if not CURRENCY.match(currency):
         return {}, invalid("Invalid currency", code="parameter_invalid", param="currency")
@@ -336,8 +341,9 @@ def _deal_value_problem(field: str, value: Any, *, param: str) -> JsonResponse |
     """One deal field, on create or inside a PATCH: a value the deal cannot hold is the
     client's mistake (400), never our crash (500)."""
     if field == "amount_minor":
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            return invalid("amount_minor must be a non-negative integer", param=param)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_AMOUNT:
+            return invalid(f"amount_minor must be an integer from 0 to {MAX_AMOUNT}",
+                           param=param)
     elif field == "currency":
         if not isinstance(value, str) or not CURRENCY.match(value):
             return invalid("currency must be three letters", param=param)

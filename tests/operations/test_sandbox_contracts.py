@@ -286,6 +286,28 @@ def test_it_refuses_a_nul_byte_with_a_400_not_500(sandbox, method, path, body):
     assert all("\x00" not in r.path + r.operation_id for r in logged)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/payments/v1/payment_intents", {"data": {**VALID_PAYMENT, "amount": str(2**63)}},
+         "amount"),
+        ("/crm/deals", {"json": {**DEAL, "amount_minor": 2**63}}, "amount_minor"),
+    ],
+)
+def test_it_refuses_an_amount_larger_than_the_provider_keeps_with_a_400(
+    sandbox, path, body, param
+):
+    # Past a bigint the insert raised (a 500), as an overlong text did before it was refused.
+    provider = path.split("/")[1]
+
+    answer = ask("POST", f"{sandbox}{path}", provider=provider, **body)
+
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == param
+    assert PaymentIntent.objects.count() == Deal.objects.count() == 0
+    assert sandbox_requests(provider=provider).get().response_status == 400
+
+
 # --- CRM ----------------------------------------------------------------------------------
 
 

@@ -159,6 +159,44 @@ def test_it_refuses_any_update_of_the_intent_in_the_database(acme):
 
 
 @pytest.mark.django_db
+def test_it_refuses_in_the_database_an_operation_whose_lineage_crosses_tenants(
+    acme, globex, run
+):
+    from operations.ids import new_id
+    from operations.models import Checkpoint
+
+    theirs = Run.objects.create(conversation_id="conv_g", tenant=globex, workflow_name="pay",
+                                workflow_version=1, state_schema_version=1)
+    their_checkpoint = Checkpoint.objects.create(run=theirs, sequence=1, node="pay", state={},
+                                                 state_hash="sha256:" + "c" * 64)
+    other_action = operation_prepare(tenant=acme, action="mail.send", payload={
+        "to": "a@example.com", "template": "receipt", "params": {}})
+    theirs_superseded = prepared_payment(globex, invoice_id="inv_g")
+    ours = prepared_payment(acme)
+
+    def written_by_hand(**lineage) -> None:
+        # What operation_prepare refuses, as a script or a data fix would write it.
+        row = Operation.objects.get(id=ours.id)
+        row.pk, row.idempotency_key, row.command_id = new_id("op"), "ik_by_hand", "cmd_x"
+        row.run, row.checkpoint, row.supersedes = lineage.get("run"), None, None
+        for name, value in lineage.items():
+            setattr(row, name, value)
+        row.save(force_insert=True)
+
+    for lineage, refusal in [
+        ({"run": theirs}, "is not a run of its tenant"),
+        ({"run": run, "checkpoint": their_checkpoint}, "is not a checkpoint of its run"),
+        ({"checkpoint": their_checkpoint}, "is not a checkpoint of its run"),
+        ({"supersedes": theirs_superseded}, "of another tenant or action"),
+        ({"supersedes": other_action}, "of another tenant or action"),
+    ]:
+        with pytest.raises(IntegrityError, match=refusal), transaction.atomic():
+            written_by_hand(**lineage)
+    written_by_hand(run=run)  # its own tenant's run: as prepare would write it
+    assert Operation.objects.filter(tenant=acme, run=run).count() == 1
+
+
+@pytest.mark.django_db
 def test_it_keeps_unknown_since_exactly_while_the_operation_is_unknown(acme):
     op = prepared_payment(acme)
     with pytest.raises(IntegrityError), transaction.atomic():

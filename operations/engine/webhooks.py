@@ -102,49 +102,45 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         if target is not None
         else ""
     )
+    # An event that moves nothing is kept on the timeline; a "held" one is also shown to
+    # operators until a person disputes or resolves the operation.
+    result = "ignored"
     if op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
         if target is not None and target != op.status:
             # A person's decision stands, but the provider now says otherwise (money may have
             # moved after all): held for that person, loudly, not only a line on a timeline.
-            message = (
+            result, message = "held", (
                 f"held for review: the provider reports {target} "
                 f"({facts.external_id or 'no id'}); {op.id} stays {op.status} by an "
                 "operator's decision"
             )
-            _webhook_evidence(op, facts=facts, data=data, message=message)
-            return "held", message
     elif other_object:
         # Two provider objects carry this operation (a data incident): an event about the one
         # we did not record says nothing certain about ours. One that moved money (or is
         # moving it) is a second effect of one intent: loudly, for a person.
-        if target in (S.SUCCEEDED, S.ACCEPTED):
-            message = (
-                f"held for review: the provider reports a second effect, {facts.external_id} "
-                f"({target}), carrying {op.id}, which records {op.external_id}; a person "
-                "decides"
-            )
-            _webhook_evidence(op, facts=facts, data=data, message=message)
-            return "held", message
         message = (
             f"ignored: the event is about {facts.external_id}, the operation records "
             f"{op.external_id}; a person decides"
         )
+        if target in (S.SUCCEEDED, S.ACCEPTED):
+            result, message = "held", (
+                f"held for review: the provider reports a second effect, {facts.external_id} "
+                f"({target}), carrying {op.id}, which records {op.external_id}; a person "
+                "decides"
+            )
     elif mismatch:
         # The event names this operation but its object is not the approved effect (another
         # sum): applying its status would settle the operation with it. Loudly, for a person.
+        result = "held"
         message = f"held for review: {mismatch}; {op.id} stays {op.status}, a person decides"
-        _webhook_evidence(op, facts=facts, data=data, message=message)
-        return "held", message
     elif target is not None and _outcome_contradicted(op.status, target):
         # The journal closed it (the provider refused it, or lookups proved it never done),
         # and the provider now reports the effect: no reordering of events explains that.
-        message = (
+        result, message = "held", (
             f"held for review: the provider reports {target} "
             f"({facts.external_id or 'no id'}); {op.id} stays {op.status}, a person decides"
         )
-        _webhook_evidence(op, facts=facts, data=data, message=message)
-        return "held", message
     elif target is None:
         message = f"ignored: {facts.event_type} carries no status"
     elif target == op.status:
@@ -172,7 +168,7 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
             return "applied", f"applied: {op.status} → {target}"
         return "ignored", "ignored: status moved meanwhile"
     _webhook_evidence(op, facts=facts, data=data, message=message)
-    return "ignored", message
+    return result, message
 
 
 def _outcome_contradicted(status: str, target: str) -> bool:

@@ -117,6 +117,34 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         return ExecuteReport(op.id, "cancelled", op.status, problem)
 
     adapter = core.adapter(op.action)
+    account = adapter.account()
+    elsewhere = _accounts_called_besides(op, account) if op.provider_calls else []
+    if elsewhere:
+        # A lookup proved absence in the account the earlier calls went to, and the key
+        # dedups a repeat only there: sent now to another account (the API key or endpoint
+        # changed since), the call is a new effect, and a given-up earlier call may still
+        # land in the first one. Neither account's silence settles that: a person decides.
+        why = (
+            f"calls of this operation went to provider account {', '.join(elsewhere)}, and "
+            f"requests now go to {account} (the API key or endpoint changed since), where "
+            "its key dedups nothing"
+        )
+        held = transition(
+            op,
+            to=S.UNKNOWN,
+            sources={S.NOT_STARTED},
+            extra=Q(provider_calls=op.provider_calls),
+            evidence_kind=EvidenceKind.TRANSITION,
+            summary=f"not called again: {why}; a person decides",
+            data={"calls": op.provider_calls, "call_accounts": elsewhere, "account": account},
+            fields={"error_code": "provider_account", "error_message": why,
+                    "next_reconcile_at": None},
+        )
+        op.refresh_from_db()
+        if not held:
+            return ExecuteReport(op.id, "lost_claim", op.status, "moved on meanwhile")
+        return ExecuteReport(op.id, "another_account", op.status, why)
+
     now = timezone.now()
     lease_expires_at = now + lease_duration()
     with transaction.atomic():
@@ -156,7 +184,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             kind=AttemptKind.CALL,
             worker=worker,
             idempotency_key=op.idempotency_key,
-            provider_account=adapter.account(),
+            provider_account=account,
         )
 
     # The attempt just created is the newest call: no need to read it back.
@@ -179,6 +207,16 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         send_deadline.reset(deadline)
     result = core.call_against_intent(adapter, op_snapshot, result)
     return _record_call_result(op, attempt, result, worker=worker, adapter=adapter)
+
+
+def _accounts_called_besides(op: Operation, account: str) -> list[str]:
+    """The provider accounts this operation's calls went to other than `account` (calls
+    recorded before accounts were kept name none)."""
+    return sorted(set(
+        Attempt.objects.filter(operation_id=op.id, kind=AttemptKind.CALL)
+        .exclude(provider_account__in=["", account])
+        .values_list("provider_account", flat=True)
+    ))
 
 
 _ATTEMPT_OUTCOME = {

@@ -102,12 +102,26 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         if target is not None
         else ""
     )
+    # Another object than the one recorded that moved money (or is moving it): one intent,
+    # two effects.
+    second_effect = other_object and target in (S.SUCCEEDED, S.ACCEPTED)
     # An event that moves nothing is kept on the timeline; a "held" one is also shown to
     # operators until a person disputes or resolves the operation.
     result = "ignored"
     if op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
-        if target is not None and target != op.status:
+        if second_effect or mismatch:
+            # A person's decision was about the effect they checked, not this one: even when
+            # its status agrees with theirs, held for that person, as for any operation.
+            what = (
+                f"a second effect, {facts.external_id} ({target}), carrying {op.id}"
+                if second_effect else mismatch
+            )
+            result, message = "held", (
+                f"held for review: the provider reports {what}; {op.id} stays {op.status} by "
+                "an operator's decision"
+            )
+        elif target is not None and target != op.status:
             # A person's decision stands, but the provider now says otherwise (money may have
             # moved after all): held for that person, loudly, not only a line on a timeline.
             result, message = "held", (
@@ -123,7 +137,7 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
             f"ignored: the event is about {facts.external_id}, the operation records "
             f"{op.external_id}; a person decides"
         )
-        if target in (S.SUCCEEDED, S.ACCEPTED):
+        if second_effect:
             result, message = "held", (
                 f"held for review: the provider reports a second effect, {facts.external_id} "
                 f"({target}), carrying {op.id}, which records {op.external_id}; a person "

@@ -1,0 +1,67 @@
+"""Provider events a person must see: an effect of the operation that is not the one its
+journal records is held for review whoever settled the operation, the engine or a person.
+
+Against the sandbox over real HTTP and its signed webhooks: every test counts the provider's
+writes and objects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from operations import engine
+from operations.models import OperationStatus, WebhookEvent
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.selectors import sandbox_writes
+from operations.sandbox.services import (
+    sandbox_fault_set,
+    sandbox_payment_create,
+    sandbox_webhooks_deliver,
+)
+from operations.selectors import webhooks_held_for_review
+from tests.operations.engine_helpers import PAYMENT, authorized_payment
+
+S = OperationStatus
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("amount", "with_reference"), [
+    (PAYMENT["amount_minor"], True),  # a second payment of the approved sum
+    (PAYMENT["amount_minor"] + 1, False),  # a payment of another sum
+])
+def test_it_holds_a_second_payment_reported_after_a_person_resolved_the_operation(
+    acme, approver, operator, sandbox, live_server, amount, with_reference
+):
+    op = authorized_payment(acme, approver)
+    # The answer is lost; a person settles the operation by what they checked.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    ours = PaymentIntent.objects.get(metadata__operation_id=op.id)
+    assert op.status == S.UNKNOWN
+    engine.operation_resolve(
+        operation_id=op.id, actor=operator, outcome=S.SUCCEEDED,
+        evidence_text="treasury sees the debit", reason="checked with treasury",
+        provider_reference=ours.id if with_reference else "",
+    )
+    sandbox_webhooks_deliver(target_base_url=live_server.url)  # ours: agrees, nothing held
+    assert not webhooks_held_for_review(operation=op).exists()
+
+    # Then the provider moves money a second time for this operation (made by hand in its
+    # dashboard, or by another integration), and says so.
+    second = sandbox_payment_create(
+        amount=amount, currency=PAYMENT["currency"].lower(), confirm=True,
+        metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+
+    op.refresh_from_db()
+    event = WebhookEvent.objects.get(external_id=second["id"])
+    assert event.operation_id == op.id and not event.applied
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == [event.event_id], (
+        "the provider reports a second effect and nobody is asked to look"
+    )
+    assert op.status == S.SUCCEEDED and op.external_id != second["id"]
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1  # ours alone
+    assert op.provider_calls == 1

@@ -26,6 +26,7 @@ from operations.engine.core import (
     person_text_check,
     require_perm,
     transition,
+    unanswered_call_lands_by,
     worker_name,
 )
 from operations.models import (
@@ -85,6 +86,20 @@ def operation_resolve(
         raise _unresolvable(op, outcome)
     if seen_status_changed_at is not None and op.status_changed_at != seen_status_changed_at:
         raise _moved_on(op)
+    if outcome == S.FAILED and not reference:
+        # A call the client gave up on may still be carried out: until then no one can know
+        # it did nothing, and a failed intent may be replaced, whose new key would pay a
+        # second time when it lands. (A reference the provider confirms as failed is the
+        # call's own effect, which a late repeat with the key only finds again.)
+        lands_by = unanswered_call_lands_by(
+            op, late_landing=core.adapter(op.action).contract.late_landing
+        )
+        if lands_by is not None and lands_by > timezone.now():
+            raise TransitionRefused(
+                f"a call of {op.id} that got no answer may still be carried out by the "
+                f"provider until {lands_by:%H:%M:%S} UTC, so nothing can show yet that it "
+                "failed; reconcile after that, or resolve with the provider's reference."
+            )
     verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
     if verified is not None and verified.problem:
         _reference_refusal_record(op, verified, actor=actor, facts={

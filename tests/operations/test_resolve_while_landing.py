@@ -1,0 +1,85 @@
+"""A person resolving an unknown operation as failed while a call it made may still land.
+
+A call our client gave up on (a timeout) may still be carried out by the provider for a
+while: nobody, a person included, can know before then that it did nothing. Resolved as
+failed, the intent may be replaced, and the replacement's new key pays a second time when
+the first call lands.
+
+Against the sandbox over real HTTP: every test counts the provider's writes and objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from operations import engine
+from operations.engine import TransitionRefused
+from operations.intents import IntentError
+from operations.models import OperationStatus
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.selectors import sandbox_requests, sandbox_writes
+from operations.sandbox.services import sandbox_fault_set
+from tests.helpers import wait_for
+from tests.operations.engine_helpers import PAYMENT, authorized_payment
+
+S = OperationStatus
+
+
+@pytest.fixture
+def providers(sandbox) -> Iterator[str]:
+    yield sandbox
+    # A slow request still running at the sandbox would land in the next test's database.
+    wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
+             timeout=15, what="every request to end at the sandbox")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_no_second_payment_when_a_person_fails_an_operation_whose_call_may_land(
+    acme, approver, operator, providers
+):
+    op = authorized_payment(acme, approver)
+    # The provider takes 3 s over the POST; our client gives up after 1 s.
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=3)
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and PaymentIntent.objects.count() == 0  # not yet
+
+    # An operator sees no debit at the bank yet and settles it as failed; the agent then
+    # replaces the intent that looks failed with a new one, which is approved and runs.
+    replacement = None
+    try:
+        engine.operation_resolve(
+            operation_id=op.id, actor=operator, outcome=S.FAILED,
+            evidence_text="no debit on the bank statement", reason="checked with treasury",
+        )
+        replacement = engine.operation_prepare(
+            tenant=acme, action="payments.create", supersedes=op,
+            payload={**PAYMENT, "amount_minor": PAYMENT["amount_minor"] + 1},
+        )
+    except (TransitionRefused, IntentError):
+        pass
+    else:
+        engine.operation_authorize(
+            operation_id=replacement.id, approved_hash=replacement.payload_hash,
+            policy_version=replacement.policy_version, approved_by=approver,
+            expires_at=op.authorization_expires_at,
+        )
+        engine.operation_execute(operation_id=replacement.id)
+    wait_for(lambda: not sandbox_writes(provider="payments", operation_id=op.id).filter(
+        response_status__isnull=True).exists(), what="the slow POST to land")
+
+    paid_for_the_invoice = PaymentIntent.objects.filter(
+        metadata__invoice_id=PAYMENT["invoice_id"]
+    ).count()
+    assert paid_for_the_invoice == 1, "the first call paid, and so did the replacement"
+    assert replacement is None
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and not op.resolved_manually
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1
+
+    # Once it landed, the lookup finds it: the journal tells what happened.
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == PaymentIntent.objects.get().id

@@ -29,6 +29,7 @@ from operations.models import (
     Operation,
     Run,
     Tenant,
+    WebhookEvent,
 )
 from operations.policy import policy_for, policy_version_current
 from operations.services import audit_event_record
@@ -125,6 +126,20 @@ def operation_prepare(
                     f"{supersedes.id} has made {supersedes.provider_calls} provider call(s) "
                     "that may still land; it runs again with its own key, and can be "
                     "superseded only once it has failed or been cancelled"
+                )
+            held = sorted(
+                WebhookEvent.objects.filter(
+                    operation_id=supersedes.id, needs_review=True, reviewed_at__isnull=True
+                ).values_list("event_id", flat=True)
+            )
+            if held:
+                # The provider reported an effect of it after it was closed (a payment that
+                # settled after a person failed it, say): replaced before a person looks,
+                # the new intent's new key would make that effect a second time.
+                raise IntentError(
+                    f"{supersedes.id} has provider events held for review "
+                    f"({', '.join(held[:5])}): the provider may have carried it out after "
+                    "all; a person decides (disputes or resolves it) before it is replaced"
                 )
         operation_id = new_id("op")
         run_id = run.id if run else (supersedes.run_id if supersedes else "")

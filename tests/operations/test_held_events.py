@@ -65,3 +65,49 @@ def test_it_holds_a_second_payment_reported_after_a_person_resolved_the_operatio
     assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2
     assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1  # ours alone
     assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_it_failed(
+    acme, approver, operator, sandbox, live_server
+):
+    from operations.intents import IntentError
+    from operations.sandbox.services import sandbox_payment_settle
+    from tests.operations.engine_helpers import async_payment
+
+    op = async_payment(acme, approver)  # processing at the provider
+    # A person sees no debit and settles the operation as failed; then the bank settles the
+    # payment after all, and the provider says so: held for that person.
+    engine.operation_resolve(
+        operation_id=op.id, actor=operator, outcome=S.FAILED,
+        evidence_text="no debit on the bank statement", reason="checked with treasury",
+    )
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    assert webhooks_held_for_review(operation=op).exists()
+
+    # Before anyone looks, the agent replaces the intent that looks failed.
+    replacement = None
+    try:
+        replacement = engine.operation_prepare(
+            tenant=acme, action="payments.create", supersedes=op,
+            payload={**op.payload, "amount_minor": op.payload["amount_minor"] + 1},
+        )
+    except IntentError:
+        pass
+    else:
+        engine.operation_authorize(
+            operation_id=replacement.id, approved_hash=replacement.payload_hash,
+            policy_version=replacement.policy_version, approved_by=approver,
+            expires_at=op.authorization_expires_at,
+        )
+        engine.operation_execute(operation_id=replacement.id)
+
+    paid_for_the_invoice = PaymentIntent.objects.filter(
+        metadata__invoice_id=PAYMENT["invoice_id"]
+    ).count()
+    assert paid_for_the_invoice == 1, "the first payment settled, and the replacement paid"
+    assert replacement is None
+    op.refresh_from_db()
+    assert op.status == S.FAILED and webhooks_held_for_review(operation=op).exists()
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1

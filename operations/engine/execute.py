@@ -156,6 +156,10 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             authorized_hash=F("payload_hash"),
             authorization_expires_at__gt=now,
             authorized_policy_version=policy_version_current(op.action),
+            # No call was made since the read above: the accounts checked against are all
+            # the calls there are (a worker stalled across another's call, its lookup and a
+            # key change would otherwise send to the new account unchecked).
+            provider_calls=op.provider_calls,
         ).update(
             status=S.IN_PROGRESS,
             status_changed_at=now,

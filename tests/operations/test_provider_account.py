@@ -58,3 +58,34 @@ def test_it_never_calls_again_in_another_provider_account_than_the_earlier_calls
     assert op.status == S.UNKNOWN and op.next_reconcile_at is None
     assert op.id not in engine.operations_due_for_reconcile()
     assert first_account in op.evidence.last().summary
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_claims_nothing_when_a_call_was_made_since_it_read_the_operation(
+    acme, approver, sandbox, monkeypatch
+):
+    from operations.engine import core
+    from operations.models import Operation
+
+    op = authorized_payment(acme, approver)
+    real = adapter(op.action)
+
+    class CallMadeMeanwhile:
+        """Another worker's call lands between this worker's read and its claim (it stalled
+        there): what the read said of the calls made is stale."""
+
+        contract = real.contract
+        call, lookup, disagreement = real.call, real.lookup, real.disagreement
+
+        def account(self) -> str:
+            Operation.objects.filter(id=op.id).update(provider_calls=1)
+            return real.account()
+
+    monkeypatch.setattr(core, "adapter", lambda action: CallMadeMeanwhile())
+    report = engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED
+    assert not op.attempts.exists() and op.provider_calls == 1
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert PaymentIntent.objects.count() == 0

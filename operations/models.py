@@ -465,6 +465,13 @@ class Evidence(models.Model):
         return f"{self.operation_id} {self.kind}: {self.summary[:60]}"
 
 
+class WebhookEventQuerySet(models.QuerySet):
+    def held_for_review(self) -> WebhookEventQuerySet:
+        """Held for a person and not answered yet: what disputing or resolving the
+        operation answers, and what a supersede must wait for."""
+        return self.filter(needs_review=True, reviewed_at__isnull=True)
+
+
 class WebhookEvent(models.Model):
     """A provider's event, stored once per (provider, event id)."""
 
@@ -491,6 +498,8 @@ class WebhookEvent(models.Model):
     # take a second payment's notice off the queue.
     needs_review = models.BooleanField(default=False)
     reviewed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WebhookEventQuerySet.as_manager()
 
     class Meta:
         ordering = ["-id"]

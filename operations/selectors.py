@@ -215,7 +215,7 @@ def webhooks_held_for_review(
     """Provider events held for a person (they contradict what a person decided, or report an
     effect that is not the approved one) that no person has answered yet: disputing or
     resolving the operation does."""
-    events = WebhookEvent.objects.filter(needs_review=True, reviewed_at__isnull=True)
+    events = WebhookEvent.objects.held_for_review()
     if operation is not None:
         events = events.filter(operation=operation)
     if tenant_ids is not None:

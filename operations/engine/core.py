@@ -265,9 +265,7 @@ def transition(
         if manual:
             # A person's decision on the operation answers the provider events held for
             # them: they leave the queue now, and the record says which were answered.
-            held = WebhookEvent.objects.filter(
-                operation_id=op.id, needs_review=True, reviewed_at__isnull=True
-            )
+            held = WebhookEvent.objects.held_for_review().filter(operation_id=op.id)
             reviewed = sorted(held.values_list("event_id", flat=True))
             if reviewed:
                 held.update(reviewed_at=now)

@@ -128,9 +128,9 @@ def operation_prepare(
                     "superseded only once it has failed or been cancelled"
                 )
             held = sorted(
-                WebhookEvent.objects.filter(
-                    operation_id=supersedes.id, needs_review=True, reviewed_at__isnull=True
-                ).values_list("event_id", flat=True)
+                WebhookEvent.objects.held_for_review()
+                .filter(operation_id=supersedes.id)
+                .values_list("event_id", flat=True)
             )
             if held:
                 # The provider reported an effect of it after it was closed (a payment that

@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from operations.engine import operation_authorize, operation_execute, operation_prepare
+from operations.intents import IntentError
 from operations.models import Operation
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_77", "amount_minor": 1250000,
@@ -48,3 +49,23 @@ def async_payment(tenant, approver=None) -> Operation:
     op.refresh_from_db()
     assert op.status == "accepted"
     return op
+
+
+def replaced_and_run(op: Operation, approver) -> Operation | None:
+    """What an agent does with an intent that looks failed: supersedes it with a changed one
+    (a new operation, a new key), approved and executed at once. None when the engine
+    refuses the supersede."""
+    try:
+        replacement = operation_prepare(
+            tenant=op.tenant, action=op.action, supersedes=op,
+            payload={**op.payload, "amount_minor": op.payload["amount_minor"] + 1},
+        )
+    except IntentError:
+        return None
+    operation_authorize(
+        operation_id=replacement.id, approved_hash=replacement.payload_hash,
+        policy_version=replacement.policy_version, approved_by=approver,
+        expires_at=op.authorization_expires_at,
+    )
+    operation_execute(operation_id=replacement.id)
+    return replacement

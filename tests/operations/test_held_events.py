@@ -19,7 +19,7 @@ from operations.sandbox.services import (
     sandbox_webhooks_deliver,
 )
 from operations.selectors import webhooks_held_for_review
-from tests.operations.engine_helpers import PAYMENT, authorized_payment
+from tests.operations.engine_helpers import PAYMENT, authorized_payment, replaced_and_run
 
 S = OperationStatus
 
@@ -71,7 +71,6 @@ def test_it_holds_a_second_payment_reported_after_a_person_resolved_the_operatio
 def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_it_failed(
     acme, approver, operator, sandbox, live_server
 ):
-    from operations.intents import IntentError
     from operations.sandbox.services import sandbox_payment_settle
     from tests.operations.engine_helpers import async_payment
 
@@ -87,21 +86,7 @@ def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_i
     assert webhooks_held_for_review(operation=op).exists()
 
     # Before anyone looks, the agent replaces the intent that looks failed.
-    replacement = None
-    try:
-        replacement = engine.operation_prepare(
-            tenant=acme, action="payments.create", supersedes=op,
-            payload={**op.payload, "amount_minor": op.payload["amount_minor"] + 1},
-        )
-    except IntentError:
-        pass
-    else:
-        engine.operation_authorize(
-            operation_id=replacement.id, approved_hash=replacement.payload_hash,
-            policy_version=replacement.policy_version, approved_by=approver,
-            expires_at=op.authorization_expires_at,
-        )
-        engine.operation_execute(operation_id=replacement.id)
+    replacement = replaced_and_run(op, approver)
 
     paid_for_the_invoice = PaymentIntent.objects.filter(
         metadata__invoice_id=PAYMENT["invoice_id"]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import pytest
 
 from operations import engine
-from operations.intents import IntentError
 from operations.models import AttemptKind, OperationStatus
 from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.helpers import wait_for
-from tests.operations.engine_helpers import PAYMENT, authorized_payment
+from tests.operations.engine_helpers import PAYMENT, authorized_payment, replaced_and_run
 
 S = OperationStatus
 
@@ -70,21 +69,7 @@ def test_it_makes_no_second_payment_when_a_refused_retry_is_replaced_by_a_new_in
 
     # The agent (or a person) replaces the intent that looks refused: a new operation, a
     # new key. Allowed only for an intent whose every call is known not to have landed.
-    replacement = None
-    try:
-        replacement = engine.operation_prepare(
-            tenant=acme, action="payments.create",
-            payload={**PAYMENT, "amount_minor": PAYMENT["amount_minor"] + 1}, supersedes=op,
-        )
-    except IntentError:
-        pass
-    else:
-        engine.operation_authorize(
-            operation_id=replacement.id, approved_hash=replacement.payload_hash,
-            policy_version=replacement.policy_version, approved_by=approver,
-            expires_at=op.authorization_expires_at,
-        )
-        engine.operation_execute(operation_id=replacement.id)
+    replacement = replaced_and_run(op, approver)
     wait_for(lambda: all_writes_answered("payments", op), what="the stalled create to land")
 
     paid_for_the_invoice = PaymentIntent.objects.filter(

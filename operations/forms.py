@@ -113,7 +113,25 @@ class ReasonForm(forms.Form):
         return reason
 
 
-class ResolveForm(ReasonForm):
+class DecisionForm(ReasonForm):
+    """A person's decision on an operation (dispute, resolve): it answers the provider events
+    held for review that the page showed, and only those. One that arrived while the person
+    was deciding stays in the queue for them to see."""
+
+    # autocomplete off: a browser restoring form state on reload would send an old list.
+    held_shown = forms.CharField(
+        required=False, max_length=2000,
+        widget=forms.HiddenInput(attrs={"autocomplete": "off"}),
+    )
+
+    def clean_held_shown(self) -> list[int]:
+        words = self.cleaned_data["held_shown"].split()
+        if not all(word.isdigit() and len(word) < 19 for word in words):
+            raise forms.ValidationError("The page is out of date; reload it.")
+        return [int(word) for word in words]
+
+
+class ResolveForm(DecisionForm):
     outcome = forms.ChoiceField(
         choices=[
             (OperationStatus.SUCCEEDED, "Succeeded"),

@@ -22,7 +22,13 @@ from operations.engine import (
     operation_resolve,
     reconcile_applies,
 )
-from operations.forms import OperationFilterForm, ReasonForm, ResolveForm, form_problem
+from operations.forms import (
+    DecisionForm,
+    OperationFilterForm,
+    ReasonForm,
+    ResolveForm,
+    form_problem,
+)
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus
@@ -100,18 +106,22 @@ def _panel_context(
     # and on a finished effect someone contests (a payment the beneficiary says never came).
     can_reconcile = can_operate and reconcile_applies(op)
     forms = forms or {}
+    held = list(webhooks_held_for_review(operation=op).order_by("received_at"))
+    held_shown = " ".join(str(event.id) for event in held)
     return {
         "op": op,
         "lease_expired": lease_expired(op),
         "timeline": operation_timeline(op),
-        "held_for_review": list(webhooks_held_for_review(operation=op).order_by("received_at")),
+        "held_for_review": held,
         "can_reconcile": can_reconcile,
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
         "can_dispute": can_operate and dispute_applies(op),
         "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
         "resolve_form": forms.get("resolve")
-        or ResolveForm(prefix="resolve", initial={"seen": op.status_changed_at}),
-        "dispute_form": forms.get("dispute") or ReasonForm(prefix="dispute"),
+        or ResolveForm(prefix="resolve",
+                       initial={"seen": op.status_changed_at, "held_shown": held_shown}),
+        "dispute_form": forms.get("dispute")
+        or DecisionForm(prefix="dispute", initial={"held_shown": held_shown}),
         "notice": notice,
         "notice_level": notice_level,
         "seen": _seen(op),
@@ -195,7 +205,7 @@ def _operator_action(
     request: HttpRequest,
     operation_id: str,
     *,
-    form_class: type[ReasonForm] | type[ResolveForm],
+    form_class: type[ReasonForm],
     prefix: str,
     verb: str,
     incomplete: str,
@@ -255,6 +265,7 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
             reason=data["reason"],
             provider_reference=data["provider_reference"].strip(),
             seen_status_changed_at=data.get("seen"),
+            held_shown=data["held_shown"],
         )
         return f"Resolved as {op.status}."
 
@@ -267,10 +278,11 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
 @require_POST
 def operation_dispute_view(request: HttpRequest, operation_id: str) -> HttpResponse:
     def act(op: Operation, data: dict[str, Any]) -> str:
-        operation_dispute(operation_id=op.id, actor=request.user, reason=data["reason"])
+        operation_dispute(operation_id=op.id, actor=request.user, reason=data["reason"],
+                          held_shown=data["held_shown"])
         return "Marked disputed: on hold until resolved."
 
     return _operator_action(
-        request, operation_id, form_class=ReasonForm, prefix="dispute", verb="Dispute",
+        request, operation_id, form_class=DecisionForm, prefix="dispute", verb="Dispute",
         incomplete="Give a reason to dispute.", act=act,
     )

@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -216,9 +216,12 @@ def transition(
     audit_action: str = "",
     reason: str = "",
     audit_facts: dict[str, Any] | None = None,
+    held_shown: Collection[int] | None = None,
 ) -> bool:
     """One conditional UPDATE plus its evidence (and audit) row; True when this call won.
-    `audit_facts`: what the person went by, for an auditor who reads the trail alone."""
+    `audit_facts`: what the person went by, for an auditor who reads the trail alone.
+    `held_shown`: on a manual transition, the held provider events (ids) the person's page
+    showed, which their decision answers; None (a caller with no page): all of them."""
     for source in sources:
         if not transitions.allowed(source, to, manual=manual):
             raise TransitionRefused(f"{source} → {to} is not in the transition table")
@@ -264,8 +267,11 @@ def transition(
         payload = dict(data or {})
         if manual:
             # A person's decision on the operation answers the provider events held for
-            # them: they leave the queue now, and the record says which were answered.
+            # them that they saw: those leave the queue now, and the record says which.
             held = WebhookEvent.objects.held_for_review().filter(operation_id=op.id)
+            if held_shown is not None:
+                # One that arrived while the person was deciding stays for them to see.
+                held = held.filter(id__in=list(held_shown))
             reviewed = sorted(held.values_list("event_id", flat=True))
             if reviewed:
                 held.update(reviewed_at=now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -65,13 +66,16 @@ def operation_resolve(
     reason: str,
     provider_reference: str = "",
     seen_status_changed_at: datetime | None = None,
+    held_shown: Collection[int] | None = None,
 ) -> Operation:
     """An operator settles an unknown (or disputed) operation by what they verified. A
     provider reference is first confirmed at the provider: it must name this operation's
     effect, in a state that agrees with the outcome.
 
     `seen_status_changed_at`: when the status the person looked at was set (the page says);
-    refused if the operation has moved on since, say to accepted by a call made after."""
+    refused if the operation has moved on since, say to accepted by a call made after.
+    `held_shown`: the held provider events the page showed, which the decision answers
+    (None: all of them)."""
     if outcome not in (S.SUCCEEDED, S.FAILED):
         raise TransitionRefused("resolve as succeeded or failed")
     reference = provider_reference.strip()
@@ -138,6 +142,7 @@ def operation_resolve(
             audit_facts={"evidence": evidence_text, "provider_reference": reference},
             extra=Q(status_changed_at=seen_status_changed_at)
             if seen_status_changed_at is not None else None,
+            held_shown=held_shown,
         )
         if not won:
             op.refresh_from_db()
@@ -270,8 +275,12 @@ def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
     )
 
 
-def operation_dispute(*, operation_id: str, actor: AbstractUser, reason: str) -> Operation:
-    """Put an operation on hold: no webhook or lookup moves it until a person resolves it."""
+def operation_dispute(
+    *, operation_id: str, actor: AbstractUser, reason: str,
+    held_shown: Collection[int] | None = None,
+) -> Operation:
+    """Put an operation on hold: no webhook or lookup moves it until a person resolves it.
+    `held_shown`: as for operation_resolve."""
     if not reason.strip():
         raise TransitionRefused("a reason is required")
     person_text_check(reason=reason)
@@ -292,6 +301,7 @@ def operation_dispute(*, operation_id: str, actor: AbstractUser, reason: str) ->
         fields={"resolved_manually": True},
         audit_action="operation.dispute",
         reason=reason,
+        held_shown=held_shown,
     )
     if not won:
         op.refresh_from_db()

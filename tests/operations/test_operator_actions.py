@@ -811,6 +811,59 @@ def test_it_holds_a_provider_event_that_contradicts_a_person_for_review(
     assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["dispute", "resolve"])
+def test_it_answers_only_the_held_events_the_page_showed(acme_unknown, operator, action):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import webhooks_held_for_review
+
+    op = acme_unknown
+    operation_resolve(operation_id=op.id, actor=operator, outcome="failed",
+                      evidence_text="bank statement shows no debit", reason="checked")
+
+    def contradiction(event_id: str) -> None:
+        assert webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type="payment_intent.succeeded", operation_id=op.id,
+            external_id=f"pi_{event_id}", status=CallOutcome.SUCCEEDED))[0] == "held"
+
+    if action == "resolve":
+        # Resolvable again once disputed (nothing held yet, so nothing answered).
+        operation_dispute(operation_id=op.id, actor=operator, reason="treasury re-checks")
+    contradiction("evt_shown")
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    field = re.search(rf'name="{action}-held_shown" value="([^"]*)"', page)
+    assert field, page
+    # Held while the person was deciding: their decision is not about it.
+    contradiction("evt_later")
+    op.refresh_from_db()
+    data = {f"{action}-reason": "treasury checked the debit",
+            f"{action}-held_shown": field.group(1)}
+    if action == "resolve":
+        data.update({"resolve-outcome": "succeeded", "resolve-evidence": "debit on statement",
+                     "resolve-seen": op.status_changed_at.isoformat()})
+    assert client.post(f"/operations/{op.id}/{action}", data).status_code == 302
+
+    op.refresh_from_db()
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_later"]
+    decision = op.evidence.filter(kind="manual").last()
+    assert decision.data["reviewed_events"] == ["evt_shown"]
+    assert "pi_evt_later" in client.get(f"/operations/{op.id}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_decision_from_a_page_whose_held_events_do_not_parse(
+    acme_unknown, operator
+):
+    op = acme_unknown
+    response = signed_in(operator).post(f"/operations/{op.id}/dispute", {
+        "dispute-reason": "on hold", "dispute-held_shown": "12 evt_x"})
+    op.refresh_from_db()
+    assert response.status_code == 400 and "reload it" in response.content.decode()
+    assert op.status == "unknown" and not op.evidence.filter(kind="manual").exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_holds_a_payment_reported_after_the_console_closed_the_operation_as_never_done(
     acme, approver, operator, sandbox

@@ -189,10 +189,12 @@ def _outcome_contradicted(status: str, target: str) -> bool:
     """Whether an event's outcome contradicts a closed one rather than trailing it. A late
     "processing" after "failed" is only out of order; "succeeded" after it is money that
     moved after all (a payment retried at the provider). Anything under way on an operation
-    closed as never done is an effect the lookups did not see."""
+    closed as never done is an effect the lookups did not see; so it is on one waiting to be
+    called, never called yet or proven absent so far (a search that lagged past its window,
+    or an effect made outside the console with this operation's id)."""
     if status == S.FAILED:
         return target == S.SUCCEEDED
-    if status == S.CANCELLED:
+    if status in (S.CANCELLED, S.NOT_STARTED):
         return target in (S.SUCCEEDED, S.ACCEPTED)
     return False
 

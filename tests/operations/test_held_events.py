@@ -96,3 +96,28 @@ def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_i
     op.refresh_from_db()
     assert op.status == S.FAILED and webhooks_held_for_review(operation=op).exists()
     assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_reported_for_an_operation_waiting_to_be_called(
+    acme, approver, sandbox, live_server
+):
+    op = authorized_payment(acme, approver)  # approved, not called yet
+    # A payment carrying this operation's id, made outside the console (or a call a lookup
+    # proved absent, landing after all): the journal says nothing was done.
+    made = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+
+    op.refresh_from_db()
+    event = WebhookEvent.objects.get(external_id=made["id"])
+    assert op.status == S.NOT_STARTED and op.external_id == ""
+    assert list(webhooks_held_for_review(operation=op)) == [event]
+    assert event.outcome == (
+        f"held for review: the provider reports succeeded ({made['id']}); {op.id} stays "
+        "not_started, a person decides"
+    )
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()  # by us
+    assert PaymentIntent.objects.count() == 1

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from operations.engine import core
@@ -32,6 +32,7 @@ from operations.models import (
     Evidence,
     EvidenceKind,
     Operation,
+    WebhookEvent,
 )
 from operations.policy import policy_version_current
 from operations.providers.base import (
@@ -129,21 +130,10 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             f"requests now go to {account} (the API key or endpoint changed since), where "
             "its key dedups nothing"
         )
-        held = transition(
-            op,
-            to=S.UNKNOWN,
-            sources={S.NOT_STARTED},
-            extra=Q(provider_calls=op.provider_calls),
-            evidence_kind=EvidenceKind.TRANSITION,
-            summary=f"not called again: {why}; a person decides",
+        return _left_to_a_person(
+            op, code="provider_account", why=why,
             data={"calls": op.provider_calls, "call_accounts": elsewhere, "account": account},
-            fields={"error_code": "provider_account", "error_message": why,
-                    "next_reconcile_at": None},
         )
-        op.refresh_from_db()
-        if not held:
-            return ExecuteReport(op.id, "lost_claim", op.status, "moved on meanwhile")
-        return ExecuteReport(op.id, "another_account", op.status, why)
 
     now = timezone.now()
     lease_expires_at = now + lease_duration()
@@ -160,6 +150,11 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             # the calls there are (a worker stalled across another's call, its lookup and a
             # key change would otherwise send to the new account unchecked).
             provider_calls=op.provider_calls,
+        ).exclude(
+            # The provider reported an effect of this operation that a person has not looked
+            # at yet (made outside the console with its id, or a call a lookup proved absent
+            # landing after all): a call now could be the second one.
+            Exists(WebhookEvent.objects.held_for_review().filter(operation_id=OuterRef("id")))
         ).update(
             status=S.IN_PROGRESS,
             status_changed_at=now,
@@ -171,6 +166,16 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         )
         if claimed != 1:
             op.refresh_from_db()
+            held = list(
+                WebhookEvent.objects.held_for_review().filter(operation_id=op.id)
+                .values_list("event_id", flat=True)
+            )
+            if held and op.status == S.NOT_STARTED:
+                return _left_to_a_person(
+                    op, code="held_for_review", data={"held_events": held},
+                    why=f"the provider reported an effect of this operation ({', '.join(held)}) "
+                    "that is held for review",
+                )
             return ExecuteReport(op.id, "lost_claim", op.status, "another worker claimed it first")
         number = next_attempt_number(op.id)
         # The claim first, then the call it starts: the timeline orders by these times.
@@ -211,6 +216,24 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         send_deadline.reset(deadline)
     result = core.call_against_intent(adapter, op_snapshot, result)
     return _record_call_result(op, attempt, result, worker=worker, adapter=adapter)
+
+
+def _left_to_a_person(op: Operation, *, code: str, why: str, data: dict[str, Any]) -> ExecuteReport:
+    """Not called: unknown, with nothing scheduled, in the operators' queue."""
+    left = transition(
+        op,
+        to=S.UNKNOWN,
+        sources={S.NOT_STARTED},
+        extra=Q(provider_calls=op.provider_calls),
+        evidence_kind=EvidenceKind.TRANSITION,
+        summary=f"not called: {why}; a person decides",
+        data=data,
+        fields={"error_code": code, "error_message": why, "next_reconcile_at": None},
+    )
+    op.refresh_from_db()
+    if not left:
+        return ExecuteReport(op.id, "lost_claim", op.status, "moved on meanwhile")
+    return ExecuteReport(op.id, code, op.status, why)
 
 
 def _accounts_called_besides(op: Operation, account: str) -> list[str]:

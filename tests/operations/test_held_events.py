@@ -18,7 +18,7 @@ from operations.sandbox.services import (
     sandbox_payment_create,
     sandbox_webhooks_deliver,
 )
-from operations.selectors import webhooks_held_for_review
+from operations.selectors import operations_unknown_queue, webhooks_held_for_review
 from tests.operations.engine_helpers import PAYMENT, authorized_payment, replaced_and_run
 
 S = OperationStatus
@@ -100,7 +100,7 @@ def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_i
 
 @pytest.mark.django_db(transaction=True)
 def test_it_holds_a_payment_reported_for_an_operation_waiting_to_be_called(
-    acme, approver, sandbox, live_server
+    acme, approver, operator, sandbox, live_server
 ):
     op = authorized_payment(acme, approver)  # approved, not called yet
     # A payment carrying this operation's id, made outside the console (or a call a lookup
@@ -119,5 +119,15 @@ def test_it_holds_a_payment_reported_for_an_operation_waiting_to_be_called(
         f"held for review: the provider reports succeeded ({made['id']}); {op.id} stays "
         "not_started, a person decides"
     )
-    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()  # by us
+
+    # Not called on top of it: a person looks first (the operators' queue, nothing scheduled).
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert (report.outcome, op.status, op.error_code) == (
+        "held_for_review", S.UNKNOWN, "held_for_review")
+    assert op.next_reconcile_at is None and op.provider_calls == 0
+    assert op.id in [o.id for o in operations_unknown_queue(operator)]
+    assert op.evidence.last().summary.startswith(
+        f"not called: the provider reported an effect of this operation ({event.event_id})")
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 1

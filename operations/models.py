@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from operations.ids import new_id
@@ -468,8 +469,22 @@ class Evidence(models.Model):
 class WebhookEventQuerySet(models.QuerySet):
     def held_for_review(self) -> WebhookEventQuerySet:
         """Held for a person and not answered yet: what disputing or resolving the
-        operation answers, and what a supersede must wait for."""
+        operation answers, and what a supersede or a call must wait for. The same condition
+        as `no_event_held_for_review`."""
         return self.filter(needs_review=True, reviewed_at__isnull=True)
+
+
+def no_event_held_for_review() -> RawSQL:
+    """For a filter on operations: none of its provider events is held for review
+    (`WebhookEventQuerySet.held_for_review`). Written as SQL because it sits in execute's
+    claim, where compiling the same `~Exists(...)` subquery cost about 0.5 ms of worker CPU
+    per operation (a tenth of the end-to-end throughput)."""
+    return RawSQL(
+        "NOT EXISTS (SELECT 1 FROM operations_webhookevent held"
+        " WHERE held.operation_id = operations_operation.id"
+        " AND held.needs_review AND held.reviewed_at IS NULL)",
+        (), output_field=models.BooleanField(),
+    )
 
 
 class WebhookEvent(models.Model):

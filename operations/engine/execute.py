@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, Q
 from django.utils import timezone
 
 from operations.engine import core
@@ -33,6 +33,7 @@ from operations.models import (
     EvidenceKind,
     Operation,
     WebhookEvent,
+    no_event_held_for_review,
 )
 from operations.policy import policy_version_current
 from operations.providers.base import (
@@ -150,11 +151,11 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             # the calls there are (a worker stalled across another's call, its lookup and a
             # key change would otherwise send to the new account unchecked).
             provider_calls=op.provider_calls,
-        ).exclude(
+        ).filter(
             # The provider reported an effect of this operation that a person has not looked
             # at yet (made outside the console with its id, or a call a lookup proved absent
             # landing after all): a call now could be the second one.
-            Exists(WebhookEvent.objects.held_for_review().filter(operation_id=OuterRef("id")))
+            no_event_held_for_review()
         ).update(
             status=S.IN_PROGRESS,
             status_changed_at=now,

@@ -131,3 +131,26 @@ def test_it_holds_a_payment_reported_for_an_operation_waiting_to_be_called(
         f"not called: the provider reported an effect of this operation ({event.event_id})")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("needs_review", "answered", "called"), [
+    (True, False, False), (True, True, True), (False, False, True),
+])
+def test_it_calls_only_once_no_held_event_is_left_unanswered(
+    acme, approver, sandbox, needs_review, answered, called
+):
+    from django.utils import timezone
+
+    op = authorized_payment(acme, approver)
+    # The claim's SQL and WebhookEvent.objects.held_for_review() must agree on "held".
+    WebhookEvent.objects.create(
+        provider="payments", event_id="evt_x", event_type="payment_intent.succeeded",
+        operation=op, external_id="pi_x", needs_review=needs_review,
+        reviewed_at=timezone.now() if answered else None,
+    )
+    report = engine.operation_execute(operation_id=op.id)
+    assert (report.outcome == "called") is called
+    assert webhooks_held_for_review(operation=op).exists() is not called
+    assert sandbox_writes(provider="payments", operation_id=op.id).count() == int(called)
+    assert PaymentIntent.objects.count() == int(called)

@@ -25,6 +25,7 @@ from operations.engine.core import (
 )
 from operations.engine.prepare import authorization_problem
 from operations.engine.reconcile import operation_reconcile
+from operations.engine.webhooks import webhook_events_hold_other_objects
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -288,6 +289,8 @@ def _record_call_result(
             # Not over what an operator settled meanwhile (their provider reference stays);
             # the attempt row above keeps these ids either way.
             Operation.objects.filter(id=op.id, resolved_manually=False).update(**ids)
+        if "external_id" in ids:
+            webhook_events_hold_other_objects(op=op, external_id=ids["external_id"])
 
     data = {
         "attempt": attempt.number,

@@ -42,6 +42,7 @@ from operations.engine.core import (
     worker_name,
 )
 from operations.engine.prepare import authorization_problem
+from operations.engine.webhooks import webhook_events_hold_other_objects
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -235,7 +236,7 @@ def _record_lookup(
         }
         if to == S.FAILED:
             fields.update(error_code="provider_failed", error_message=found.reason)
-        transition(
+        won = transition(
             op,
             to=to,
             sources={op.status},
@@ -245,6 +246,9 @@ def _record_lookup(
             fields=fields,
             actor=actor,
         )
+        if won and found.external_id:
+            # After the commit that recorded the object: an event applied meanwhile saw it.
+            webhook_events_hold_other_objects(op=op, external_id=found.external_id)
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 

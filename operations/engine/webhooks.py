@@ -23,6 +23,11 @@ from operations.models import (
 )
 from operations.providers.base import WebhookFacts
 
+# How an event about an effect is marked when it arrives while the operation's call is in
+# flight and before its answer names the object: `webhook_events_hold_other_objects` looks
+# for the mark once the answer (or a lookup) does.
+KEPT_IN_FLIGHT = "kept while the call was in flight"
+
 
 def webhook_apply(*, provider: str, facts: WebhookFacts) -> tuple[str, str]:
     """Store a verified provider event once and apply it only as an allowed transition.
@@ -148,6 +153,20 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         # sum): applying its status would settle the operation with it. Loudly, for a person.
         result = "held"
         message = f"held for review: {mismatch}; {op.id} stays {op.status}, a person decides"
+    elif op.status == S.IN_PROGRESS and not op.external_id and target is not None:
+        # Our call is in flight and its answer has not named its object yet: the event may
+        # be about that object, or about another one carrying this operation's id (made
+        # outside the console). Applied now, another object's status and id would stand for
+        # ours, and its "succeeded" or "failed" could not be undone by the answer. Kept on
+        # the timeline; the answer (a lookup, if it is lost) decides, and then an effect of
+        # another object is held for a person.
+        if target in (S.SUCCEEDED, S.ACCEPTED) and facts.external_id:
+            message = (
+                f"{KEPT_IN_FLIGHT}: the answer names {op.id}'s object; an effect of "
+                "another one is held for review then"
+            )
+        else:
+            message = f"ignored: the call of {op.id} is in flight; its answer decides"
     elif target is not None and _outcome_contradicted(op.status, target):
         # The journal closed it (the provider refused it, or lookups proved it never done),
         # and the provider now reports the effect: no reordering of events explains that.
@@ -183,6 +202,38 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         return "ignored", "ignored: status moved meanwhile"
     _webhook_evidence(op, facts=facts, data=data, message=message)
     return result, message
+
+
+def webhook_events_hold_other_objects(*, op: Operation, external_id: str) -> list[str]:
+    """Once the operation's object is known (`external_id`, from its call's answer or a
+    lookup): events about an effect of another object carrying the operation, kept while
+    its call was in flight, report a second effect of one intent. Held for a person, as
+    when they arrive later. Runs in the transaction that records `external_id`, after its
+    row lock: an event applied concurrently either committed before (and is found here) or
+    waits and then sees the object recorded. Returns the held events' ids."""
+    kept = list(
+        WebhookEvent.objects.filter(
+            operation_id=op.id, applied=False, needs_review=False,
+            outcome__startswith=KEPT_IN_FLIGHT,
+        )
+        .exclude(external_id__in=["", external_id])
+        .values_list("id", "event_id", "event_type", "external_id")
+    )
+    for pk, event_id, event_type, other in kept:
+        message = (
+            f"held for review: a second effect, {other} ({event_type}), carrying {op.id}; "
+            f"its call made {external_id}; a person decides"
+        )
+        WebhookEvent.objects.filter(id=pk).update(needs_review=True, outcome=message[:200])
+        Evidence.objects.create(
+            operation=op,
+            kind=EvidenceKind.WEBHOOK,
+            from_status=op.status,
+            to_status=op.status,
+            summary=f"webhook {event_type} {message}",
+            data={"event_id": event_id, "event_type": event_type, "external_id": other},
+        )
+    return [event_id for _, event_id, _, _ in kept]
 
 
 def _outcome_contradicted(status: str, target: str) -> bool:

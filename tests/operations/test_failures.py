@@ -751,39 +751,32 @@ def test_it_hands_an_unknown_payment_found_waiting_for_3d_secure_to_a_person(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_lands_a_definite_answer_that_a_processing_webhook_overtook(
-    acme, approver, providers, client, settings
+def test_it_lands_the_answer_that_its_own_payments_webhook_overtook(
+    acme, approver, providers, live_server, settings
 ):
-    from operations.providers.signing import stripe_signature_header
+    from operations.sandbox.services import sandbox_webhooks_deliver
 
     op = authorized_payment(acme, approver)
-    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
+    # The provider commits the payment and says so by webhook before its answer arrives.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=1.5)
     settings.PROVIDER_TIMEOUT_SECONDS = 5
 
     call = Background(lambda: engine.operation_execute(operation_id=op.id))
-    wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
-             what="the call to start")
-    # A "processing" event about this operation arrives while the call is in flight.
-    body = json.dumps({
-        "id": "evt_processing", "object": "event", "type": "payment_intent.processing",
-        "created": int(time.time()),
-        "data": {"object": {"id": "pi_early", "object": "payment_intent",
-                            "status": "processing", "amount": 1250000, "currency": "kzt",
-                            "metadata": {"operation_id": op.id}}},
-    }).encode()
-    response = client.post(
-        "/webhooks/payments/", data=body, content_type="application/json",
-        HTTP_STRIPE_SIGNATURE=stripe_signature_header(
-            secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body))
-    assert response.status_code == 200
-    assert Operation.objects.get(id=op.id).status == S.ACCEPTED
+    wait_for(lambda: PaymentIntent.objects.filter(metadata__operation_id=op.id).exists(),
+             what="the provider to commit the payment")
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+    event = WebhookEvent.objects.get(operation=op)
+    # Kept while the call is in flight: which object is ours, only the answer says.
+    assert Operation.objects.get(id=op.id).status == S.IN_PROGRESS and not event.applied
     call.join()
 
     op.refresh_from_db()
     intent = PaymentIntent.objects.get()
-    assert op.status == S.SUCCEEDED and op.external_id == intent.id
-    assert op.evidence.filter(from_status=S.ACCEPTED, to_status=S.SUCCEEDED).count() == 1
-    assert len(payment_posts(op)) == 1
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id == event.external_id
+    assert op.evidence.filter(from_status=S.IN_PROGRESS, to_status=S.SUCCEEDED).count() == 1
+    event.refresh_from_db()
+    assert not event.needs_review, "its own payment's event is not a second effect"
+    assert len(payment_posts(op)) == op.provider_calls == 1
 
 
 @pytest.mark.django_db

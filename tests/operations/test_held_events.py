@@ -154,3 +154,89 @@ def test_it_calls_only_once_no_held_event_is_left_unanswered(
     assert webhooks_held_for_review(operation=op).exists() is not called
     assert sandbox_writes(provider="payments", operation_id=op.id).count() == int(called)
     assert PaymentIntent.objects.count() == int(called)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("second_is", "held", "ours"), [
+    ("succeeded", True, S.SUCCEEDED),  # a second payment that moved money
+    ("processing", True, S.ACCEPTED),  # one under way (the sandbox settles both later)
+    ("declined", False, S.SUCCEEDED),  # one that moved none
+])
+def test_it_holds_a_second_payment_reported_while_its_own_call_is_in_flight(
+    acme, approver, sandbox, live_server, settings, second_is, held, ours
+):
+    from operations.models import Operation
+    from tests.helpers import Background, wait_for
+
+    if second_is == "processing":
+        settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    call = Background(lambda: engine.operation_execute(operation_id=op.id))
+    wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
+             what="the call to start")
+    # While our call is in flight, a payment of the same sum carrying this operation's id is
+    # made outside the console, and the provider reports it first.
+    second = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        declined=second_is == "declined", metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+    assert Operation.objects.get(id=op.id).status == S.IN_PROGRESS, (
+        "another object's event stood for the answer of the call in flight")
+    call.join()
+
+    op.refresh_from_db()
+    made = PaymentIntent.objects.exclude(id=second["id"]).get()
+    assert op.status == ours and op.external_id == made.id
+    held_events = list(webhooks_held_for_review(operation=op))
+    if held:
+        assert [e.external_id for e in held_events] == [second["id"]]
+        assert held_events[0].outcome == (
+            f"held for review: a second effect, {second['id']} "
+            f"(payment_intent.{second_is}), carrying {op.id}; its call made {made.id}; a "
+            "person decides")
+        assert op.evidence.filter(summary__contains=held_events[0].outcome).count() == 1
+    else:
+        assert held_events == []
+    assert not WebhookEvent.objects.filter(operation=op, applied=True).exists()
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == op.provider_calls == 1
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_second_payment_reported_in_flight_once_a_lookup_finds_its_own(
+    acme, approver, sandbox, settings
+):
+    from operations.models import Operation
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from tests.helpers import Background, wait_for
+
+    op = authorized_payment(acme, approver)
+    # The payment is made, its answer lost: the journal says unknown.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=2.5)
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.5
+    call = Background(lambda: engine.operation_execute(operation_id=op.id))
+    wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
+             what="the call to start")
+    # Meanwhile the provider reports a payment carrying the operation that is not the one
+    # our call made (which the provider's search does not show to the lookup below).
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_other", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id="pi_other", status=CallOutcome.SUCCEEDED,
+        data={"id": "pi_other", "status": "succeeded", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()}))
+    assert result == "ignored" and message.startswith("kept while the call was in flight")
+    call.join()
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and not webhooks_held_for_review(operation=op).exists()
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    ours = PaymentIntent.objects.get()
+    assert (report.outcome, op.status, op.external_id) == ("found", S.SUCCEEDED, ours.id), (
+        report)
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_other"]
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == op.provider_calls == 1

@@ -230,6 +230,12 @@ def bench_end_to_end(env: dict[str, str]) -> tuple[float, float]:
                 for kind in cpu_before if kind != "bench")
                 + f", bench (enqueue, poll) "
                 f"{(cpu_after['bench'] - cpu_before['bench']) / done * 1000:.1f}")
+            # What the cores allow at that cost, whatever the concurrency: the rate above is
+            # read against it (waiting and idle cores lower it, more cores raise it).
+            per_op = sum(cpu_after[k] - cpu_before[k] for k in cpu_before) / done
+            cores = len(os.sched_getaffinity(0))
+            say(f"end to end: {per_op * 1000:.1f} ms of CPU per operation in all; {cores} "
+                f"cores allow at most {cores / per_op:.0f} ops/s at that cost")
         if payments != E2E_OPERATIONS:
             say(f"WARNING: {payments} payments for {E2E_OPERATIONS} operations")
         alone = bench_provider_alone(port, procs)

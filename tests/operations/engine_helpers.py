@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from operations.engine import operation_authorize, operation_execute, operation_prepare
 from operations.intents import IntentError
-from operations.models import Operation
+from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_77", "amount_minor": 1250000,
            "currency": "KZT"}
@@ -69,3 +69,17 @@ def replaced_and_run(op: Operation, approver) -> Operation | None:
     )
     operation_execute(operation_id=replacement.id)
     return replacement
+
+
+def died_mid_call(op: Operation, *, claimed) -> Operation:
+    """What a worker killed mid-call leaves: its claim, with a 30 s lease from `claimed`,
+    and a call attempt with no answer."""
+    Operation.objects.filter(id=op.id).update(
+        status=OperationStatus.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
+        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
+        next_reconcile_at=None)
+    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
+                                     worker="dead:1", idempotency_key=op.idempotency_key)
+    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
+    op.refresh_from_db()
+    return op

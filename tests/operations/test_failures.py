@@ -23,7 +23,7 @@ from operations.sandbox.selectors import sandbox_counts, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
 from tests.helpers import Background, signed_in, wait_for
-from tests.operations.engine_helpers import async_payment, authorized_payment
+from tests.operations.engine_helpers import async_payment, authorized_payment, died_mid_call
 
 S = OperationStatus
 
@@ -36,20 +36,6 @@ def providers(sandbox, sandbox_worker_env) -> dict[str, str]:
 
 def payment_posts(op: Operation):
     return sandbox_writes(provider="payments", operation_id=op.id)
-
-
-def died_mid_call(op: Operation, *, claimed) -> Operation:
-    """What a worker killed mid-call leaves: its claim, with a 30 s lease from `claimed`,
-    and a call attempt with no answer."""
-    Operation.objects.filter(id=op.id).update(
-        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
-        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
-        next_reconcile_at=None)
-    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
-                                     worker="dead:1", idempotency_key=op.idempotency_key)
-    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
-    op.refresh_from_db()
-    return op
 
 
 def executed_into_a_fault(tenant, approver, kind: str) -> Operation:

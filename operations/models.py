@@ -504,6 +504,9 @@ class WebhookEvent(models.Model):
     # How often the provider sent it: duplicates are answered and change nothing, but an
     # auditor (or a demo of the duplicate fault) sees that they came.
     deliveries = models.PositiveIntegerField(default=1)
+    # The operation status the event reports (succeeded, accepted, failed), "" for none:
+    # an event kept while the call was in flight is decided on it once the answer arrives.
+    reported_status = models.CharField(max_length=20, blank=True)
     applied = models.BooleanField(default=False)
     outcome = models.CharField(max_length=200, blank=True)
     # The provider reports another outcome for an operation a person settled or holds, or an
@@ -521,6 +524,10 @@ class WebhookEvent(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["provider", "event_id"], name="webhook_provider_event_unique"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(reported_status__in=["", "succeeded", "accepted", "failed"]),
+                name="webhook_reported_status_valid",
             ),
         ]
         indexes = [

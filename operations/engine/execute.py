@@ -25,7 +25,10 @@ from operations.engine.core import (
 )
 from operations.engine.prepare import authorization_problem
 from operations.engine.reconcile import operation_reconcile
-from operations.engine.webhooks import webhook_events_hold_other_objects
+from operations.engine.webhooks import (
+    webhook_events_apply_kept,
+    webhook_events_hold_other_objects,
+)
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -289,8 +292,11 @@ def _record_call_result(
             # Not over what an operator settled meanwhile (their provider reference stays);
             # the attempt row above keeps these ids either way.
             Operation.objects.filter(id=op.id, resolved_manually=False).update(**ids)
-        if "external_id" in ids:
+        # Events kept while this call was in flight are decided now that its object is known.
+        kept_own = (
             webhook_events_hold_other_objects(op=op, external_id=ids["external_id"])
+            if "external_id" in ids else []
+        )
 
     data = {
         "attempt": attempt.number,
@@ -391,7 +397,9 @@ def _record_call_result(
             data=data,
             fields=fields,
         )
-    if won:
+    if kept_own:
+        webhook_events_apply_kept(op=op, external_id=ids["external_id"], events=kept_own)
+    elif won:
         # The conditional UPDATE that won set exactly this status; no need to read it back.
         return ExecuteReport(op.id, "called", to, summary)
     op.refresh_from_db()

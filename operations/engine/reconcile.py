@@ -42,7 +42,10 @@ from operations.engine.core import (
     worker_name,
 )
 from operations.engine.prepare import authorization_problem
-from operations.engine.webhooks import webhook_events_hold_other_objects
+from operations.engine.webhooks import (
+    webhook_events_apply_kept,
+    webhook_events_hold_other_objects,
+)
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -248,7 +251,8 @@ def _record_lookup(
         )
         if won and found.external_id:
             # After the commit that recorded the object: an event applied meanwhile saw it.
-            webhook_events_hold_other_objects(op=op, external_id=found.external_id)
+            kept_own = webhook_events_hold_other_objects(op=op, external_id=found.external_id)
+            webhook_events_apply_kept(op=op, external_id=found.external_id, events=kept_own)
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 

@@ -47,6 +47,7 @@ def webhook_apply(*, provider: str, facts: WebhookFacts) -> tuple[str, str]:
                     event_id=facts.event_id,
                     event_type=facts.event_type,
                     external_id=facts.external_id,
+                    reported_status=LOOKUP_STATUS.get(facts.status, "") if facts.status else "",
                     data=facts.data,
                     provider_created_at=facts.created_at,
                 )
@@ -160,11 +161,8 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         # ours, and its "succeeded" or "failed" could not be undone by the answer. Kept on
         # the timeline; the answer (a lookup, if it is lost) decides, and then an effect of
         # another object is held for a person.
-        if target in (S.SUCCEEDED, S.ACCEPTED) and facts.external_id:
-            message = (
-                f"{KEPT_IN_FLIGHT}: the answer names {op.id}'s object; an effect of "
-                "another one is held for review then"
-            )
+        if facts.external_id:
+            message = f"{KEPT_IN_FLIGHT}: decided once its answer names {op.id}'s object"
         else:
             message = f"ignored: the call of {op.id} is in flight; its answer decides"
     elif target is not None and _outcome_contradicted(op.status, target):
@@ -204,36 +202,105 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
     return result, message
 
 
-def webhook_events_hold_other_objects(*, op: Operation, external_id: str) -> list[str]:
+def webhook_events_hold_other_objects(
+    *, op: Operation, external_id: str
+) -> list[tuple[int, str, str, str]]:
     """Once the operation's object is known (`external_id`, from its call's answer or a
-    lookup): events about an effect of another object carrying the operation, kept while
-    its call was in flight, report a second effect of one intent. Held for a person, as
-    when they arrive later. Runs in the transaction that records `external_id`, after its
-    row lock: an event applied concurrently either committed before (and is found here) or
-    waits and then sees the object recorded. Returns the held events' ids."""
+    lookup), the events kept while its call was in flight are decided. One about an effect
+    (succeeded or under way) of another object carrying the operation is a second effect of
+    one intent: held for a person, as when it arrives later. Runs once the row that records
+    `external_id` is locked (in that transaction) or committed: an event applied
+    concurrently then either committed before (and is found here) or sees the object.
+
+    Returns the kept events about the operation's own object, oldest first, as (id, event_id,
+    event_type, reported_status), for `webhook_events_apply_kept` once the answer's status
+    is recorded."""
     kept = list(
         WebhookEvent.objects.filter(
             operation_id=op.id, applied=False, needs_review=False,
             outcome__startswith=KEPT_IN_FLIGHT,
         )
-        .exclude(external_id__in=["", external_id])
-        .values_list("id", "event_id", "event_type", "external_id")
+        .order_by("id")
+        .values_list("id", "event_id", "event_type", "external_id", "reported_status")
     )
-    for pk, event_id, event_type, other in kept:
-        message = (
-            f"held for review: a second effect, {other} ({event_type}), carrying {op.id}; "
-            f"its call made {external_id}; a person decides"
-        )
-        WebhookEvent.objects.filter(id=pk).update(needs_review=True, outcome=message[:200])
-        Evidence.objects.create(
-            operation=op,
-            kind=EvidenceKind.WEBHOOK,
-            from_status=op.status,
-            to_status=op.status,
-            summary=f"webhook {event_type} {message}",
-            data={"event_id": event_id, "event_type": event_type, "external_id": other},
-        )
-    return [event_id for _, event_id, _, _ in kept]
+    own = []
+    for pk, event_id, event_type, other, reported in kept:
+        if other == external_id:
+            own.append((pk, event_id, event_type, reported))
+        elif reported in (S.SUCCEEDED, S.ACCEPTED):
+            _kept_event_held(
+                op, pk=pk, event_id=event_id, event_type=event_type, external_id=other,
+                message=f"held for review: a second effect, {other} ({event_type}), carrying "
+                f"{op.id}; its call made {external_id}; a person decides",
+            )
+        else:  # another object that moved no money: on the record, in nobody's queue
+            WebhookEvent.objects.filter(id=pk).update(
+                outcome=f"ignored: about {other}; the call of {op.id} made {external_id}"[:200]
+            )
+    return own
+
+
+def webhook_events_apply_kept(
+    *, op: Operation, external_id: str, events: list[tuple[int, str, str, str]]
+) -> None:
+    """The events about the operation's own object kept while its call was in flight, applied
+    after the answer as the transitions they report, oldest first: a "succeeded" that
+    overtook a "processing" answer settles the operation now, not at its next lookup. The
+    transition table keeps an older report (a "processing" behind a "succeeded" answer) from
+    moving it back."""
+    for pk, event_id, event_type, reported in events:
+        with transaction.atomic():
+            current = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
+            if reported and _outcome_contradicted(current.status, reported):
+                # The answer refused the payment, and the provider reports it made after all
+                # (retried at the provider): no ordering explains that; a person looks.
+                _kept_event_held(
+                    current, pk=pk, event_id=event_id, event_type=event_type,
+                    external_id=external_id,
+                    message=f"held for review: the provider reports {reported} "
+                    f"({external_id}); {op.id} stays {current.status}, a person decides",
+                )
+                continue
+            movable = (
+                reported
+                and reported != current.status
+                and transitions.allowed(current.status, reported)
+                and not current.resolved_manually
+                and current.external_id == external_id
+            )
+            if not movable:
+                WebhookEvent.objects.filter(id=pk).update(outcome=(
+                    f"ignored: the call's answer left {op.id} {current.status}"
+                    + ("" if reported == current.status else ", which the event does not follow")
+                )[:200])
+                continue
+            transition(
+                current,
+                to=reported,
+                sources={current.status},
+                evidence_kind=EvidenceKind.WEBHOOK,
+                summary=f"webhook {event_type} (kept while the call was in flight)",
+                data={"event_id": event_id, "event_type": event_type, "external_id": external_id},
+                fields={"error_code": "provider_failed", "error_message": event_type}
+                if reported == S.FAILED else {},
+            )
+            WebhookEvent.objects.filter(id=pk).update(
+                applied=True, outcome=f"applied after the answer: {current.status} → {reported}"
+            )
+
+
+def _kept_event_held(
+    op: Operation, *, pk: int, event_id: str, event_type: str, external_id: str, message: str
+) -> None:
+    WebhookEvent.objects.filter(id=pk).update(needs_review=True, outcome=message[:200])
+    Evidence.objects.create(
+        operation=op,
+        kind=EvidenceKind.WEBHOOK,
+        from_status=op.status,
+        to_status=op.status,
+        summary=f"webhook {event_type} {message}",
+        data={"event_id": event_id, "event_type": event_type, "external_id": external_id},
+    )
 
 
 def _outcome_contradicted(status: str, target: str) -> bool:

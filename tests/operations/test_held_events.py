@@ -240,3 +240,77 @@ def test_it_holds_a_second_payment_reported_in_flight_once_a_lookup_finds_its_ow
         report)
     assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_other"]
     assert len(sandbox_writes(provider="payments", operation_id=op.id)) == op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_settles_at_once_a_payment_whose_succeeded_event_overtook_its_processing_answer(
+    acme, approver, sandbox, live_server, settings
+):
+    from operations.models import Operation
+    from operations.sandbox.services import sandbox_payment_settle
+    from tests.helpers import Background, wait_for
+
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1  # the answer says "processing"
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=1.5)
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    call = Background(lambda: engine.operation_execute(operation_id=op.id))
+    wait_for(lambda: PaymentIntent.objects.filter(metadata__operation_id=op.id).exists(),
+             what="the provider to commit the payment")
+    # The bank settles it, and both events reach us before the answer does.
+    made = PaymentIntent.objects.get()
+    sandbox_payment_settle(payment_intent_id=made.id, status="succeeded")
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 2
+    assert Operation.objects.get(id=op.id).status == S.IN_PROGRESS
+    call.join()
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.next_reconcile_at) == (S.SUCCEEDED, made.id, None), (
+        "the settled payment waits for a lookup although its event is in hand")
+    assert list(op.evidence.filter(kind__in=["call_result", "webhook"], to_status__in=[
+        S.ACCEPTED, S.SUCCEEDED]).exclude(from_status=S.ACCEPTED, to_status=S.ACCEPTED)
+        .values_list("from_status", "to_status")) == [
+        (S.IN_PROGRESS, S.ACCEPTED), (S.ACCEPTED, S.SUCCEEDED)]
+    events = dict(WebhookEvent.objects.filter(operation=op).values_list("event_type", "applied"))
+    assert events == {"payment_intent.processing": False, "payment_intent.succeeded": True}
+    assert not webhooks_held_for_review(operation=op).exists()
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_success_reported_in_flight_for_a_payment_a_lookup_then_finds_declined(
+    acme, approver, sandbox
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from tests.operations.engine_helpers import died_mid_call
+
+    op = authorized_payment(acme, approver)
+    # The worker died mid-call; the provider made the payment, declined.
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=5))
+    declined = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        declined=True, metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    # An event says that very payment succeeded (its customer paid with another card), while
+    # the journal still has the call in flight.
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_paid", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=declined["id"], status=CallOutcome.SUCCEEDED,
+        data={"id": declined["id"], "status": "succeeded", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()}))
+    assert result == "ignored" and message.startswith("kept while the call was in flight")
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (report.outcome, op.status, op.external_id) == ("found", S.FAILED, declined["id"])
+    [held] = webhooks_held_for_review(operation=op)
+    assert held.event_id == "evt_paid" and held.outcome == (
+        f"held for review: the provider reports succeeded ({declined['id']}); {op.id} stays "
+        "failed, a person decides")
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert PaymentIntent.objects.count() == 1

@@ -198,7 +198,7 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         if won:
             return "applied", f"applied: {op.status} → {target}"
         return "ignored", "ignored: status moved meanwhile"
-    _webhook_evidence(op, facts=facts, data=data, message=message)
+    _webhook_evidence(op, event_type=facts.event_type, data=data, message=message)
     return result, message
 
 
@@ -293,12 +293,8 @@ def _kept_event_held(
     op: Operation, *, pk: int, event_id: str, event_type: str, external_id: str, message: str
 ) -> None:
     WebhookEvent.objects.filter(id=pk).update(needs_review=True, outcome=message[:200])
-    Evidence.objects.create(
-        operation=op,
-        kind=EvidenceKind.WEBHOOK,
-        from_status=op.status,
-        to_status=op.status,
-        summary=f"webhook {event_type} {message}",
+    _webhook_evidence(
+        op, event_type=event_type, message=message,
         data={"event_id": event_id, "event_type": event_type, "external_id": external_id},
     )
 
@@ -318,7 +314,7 @@ def _outcome_contradicted(status: str, target: str) -> bool:
 
 
 def _webhook_evidence(
-    op: Operation, *, facts: WebhookFacts, data: dict[str, Any], message: str
+    op: Operation, *, event_type: str, data: dict[str, Any], message: str
 ) -> None:
     """An event that moved nothing, kept on the operation's timeline."""
     Evidence.objects.create(
@@ -326,6 +322,6 @@ def _webhook_evidence(
         kind=EvidenceKind.WEBHOOK,
         from_status=op.status,
         to_status=op.status,
-        summary=f"webhook {facts.event_type} {message}",
+        summary=f"webhook {event_type} {message}",
         data=data,
     )

@@ -83,3 +83,24 @@ def died_mid_call(op: Operation, *, claimed) -> Operation:
     Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
     op.refresh_from_db()
     return op
+
+
+def executing_in_flight(op: Operation, settings, *, fault: str, seconds: float,
+                        timeout: float = 5):
+    """Execute `op` in a background thread (returned, to `join()`) while the sandbox holds
+    its answer back: `delay` before the payment is made, `commit_then_drop` after. Returns
+    once the call is out (`delay`) or the payment committed (`commit_then_drop`)."""
+    from operations.sandbox.models import PaymentIntent
+    from operations.sandbox.services import sandbox_fault_set
+    from tests.helpers import Background, wait_for
+
+    sandbox_fault_set(provider="payments", kind=fault, match=op.id, seconds=seconds)
+    settings.PROVIDER_TIMEOUT_SECONDS = timeout
+    call = Background(lambda: operation_execute(operation_id=op.id))
+    if fault == "commit_then_drop":
+        wait_for(lambda: PaymentIntent.objects.filter(metadata__operation_id=op.id).exists(),
+                 what="the provider to commit the payment")
+    else:
+        wait_for(lambda: Operation.objects.get(id=op.id).status == OperationStatus.IN_PROGRESS,
+                 what="the call to start")
+    return call

@@ -23,7 +23,12 @@ from operations.sandbox.selectors import sandbox_counts, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
 from tests.helpers import Background, signed_in, wait_for
-from tests.operations.engine_helpers import async_payment, authorized_payment, died_mid_call
+from tests.operations.engine_helpers import (
+    async_payment,
+    authorized_payment,
+    died_mid_call,
+    executing_in_flight,
+)
 
 S = OperationStatus
 
@@ -744,12 +749,7 @@ def test_it_lands_the_answer_that_its_own_payments_webhook_overtook(
 
     op = authorized_payment(acme, approver)
     # The provider commits the payment and says so by webhook before its answer arrives.
-    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=1.5)
-    settings.PROVIDER_TIMEOUT_SECONDS = 5
-
-    call = Background(lambda: engine.operation_execute(operation_id=op.id))
-    wait_for(lambda: PaymentIntent.objects.filter(metadata__operation_id=op.id).exists(),
-             what="the provider to commit the payment")
+    call = executing_in_flight(op, settings, fault="commit_then_drop", seconds=1.5)
     assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
     event = WebhookEvent.objects.get(operation=op)
     # Kept while the call is in flight: which object is ours, only the answer says.

@@ -7,19 +7,31 @@ writes and objects.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from operations import engine
-from operations.models import OperationStatus, WebhookEvent
+from operations.models import Operation, OperationStatus, WebhookEvent
+from operations.providers.base import CallOutcome, WebhookFacts
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import (
     sandbox_fault_set,
     sandbox_payment_create,
+    sandbox_payment_settle,
     sandbox_webhooks_deliver,
 )
 from operations.selectors import operations_unknown_queue, webhooks_held_for_review
-from tests.operations.engine_helpers import PAYMENT, authorized_payment, replaced_and_run
+from tests.operations.engine_helpers import (
+    PAYMENT,
+    async_payment,
+    authorized_payment,
+    died_mid_call,
+    executing_in_flight,
+    replaced_and_run,
+)
 
 S = OperationStatus
 
@@ -71,9 +83,6 @@ def test_it_holds_a_second_payment_reported_after_a_person_resolved_the_operatio
 def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_it_failed(
     acme, approver, operator, sandbox, live_server
 ):
-    from operations.sandbox.services import sandbox_payment_settle
-    from tests.operations.engine_helpers import async_payment
-
     op = async_payment(acme, approver)  # processing at the provider
     # A person sees no debit and settles the operation as failed; then the bank settles the
     # payment after all, and the provider says so: held for that person.
@@ -140,8 +149,6 @@ def test_it_holds_a_payment_reported_for_an_operation_waiting_to_be_called(
 def test_it_calls_only_once_no_held_event_is_left_unanswered(
     acme, approver, sandbox, needs_review, answered, called
 ):
-    from django.utils import timezone
-
     op = authorized_payment(acme, approver)
     # The claim's SQL and WebhookEvent.objects.held_for_review() must agree on "held".
     WebhookEvent.objects.create(
@@ -165,17 +172,11 @@ def test_it_calls_only_once_no_held_event_is_left_unanswered(
 def test_it_holds_a_second_payment_reported_while_its_own_call_is_in_flight(
     acme, approver, sandbox, live_server, settings, second_is, held, ours
 ):
-    from operations.models import Operation
-    from tests.helpers import Background, wait_for
 
     if second_is == "processing":
         settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1
     op = authorized_payment(acme, approver)
-    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
-    settings.PROVIDER_TIMEOUT_SECONDS = 5
-    call = Background(lambda: engine.operation_execute(operation_id=op.id))
-    wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
-             what="the call to start")
+    call = executing_in_flight(op, settings, fault="delay", seconds=1.5)
     # While our call is in flight, a payment of the same sum carrying this operation's id is
     # made outside the console, and the provider reports it first.
     second = sandbox_payment_create(
@@ -209,17 +210,9 @@ def test_it_holds_a_second_payment_reported_while_its_own_call_is_in_flight(
 def test_it_holds_a_second_payment_reported_in_flight_once_a_lookup_finds_its_own(
     acme, approver, sandbox, settings
 ):
-    from operations.models import Operation
-    from operations.providers.base import CallOutcome, WebhookFacts
-    from tests.helpers import Background, wait_for
-
     op = authorized_payment(acme, approver)
     # The payment is made, its answer lost: the journal says unknown.
-    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=2.5)
-    settings.PROVIDER_TIMEOUT_SECONDS = 1.5
-    call = Background(lambda: engine.operation_execute(operation_id=op.id))
-    wait_for(lambda: Operation.objects.get(id=op.id).status == S.IN_PROGRESS,
-             what="the call to start")
+    call = executing_in_flight(op, settings, fault="commit_then_drop", seconds=4, timeout=3)
     # Meanwhile the provider reports a payment carrying the operation that is not the one
     # our call made (which the provider's search does not show to the lookup below).
     result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
@@ -246,17 +239,10 @@ def test_it_holds_a_second_payment_reported_in_flight_once_a_lookup_finds_its_ow
 def test_it_settles_at_once_a_payment_whose_succeeded_event_overtook_its_processing_answer(
     acme, approver, sandbox, live_server, settings
 ):
-    from operations.models import Operation
-    from operations.sandbox.services import sandbox_payment_settle
-    from tests.helpers import Background, wait_for
 
     settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1  # the answer says "processing"
     op = authorized_payment(acme, approver)
-    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=1.5)
-    settings.PROVIDER_TIMEOUT_SECONDS = 5
-    call = Background(lambda: engine.operation_execute(operation_id=op.id))
-    wait_for(lambda: PaymentIntent.objects.filter(metadata__operation_id=op.id).exists(),
-             what="the provider to commit the payment")
+    call = executing_in_flight(op, settings, fault="commit_then_drop", seconds=1.5)
     # The bank settles it, and both events reach us before the answer does.
     made = PaymentIntent.objects.get()
     sandbox_payment_settle(payment_intent_id=made.id, status="succeeded")
@@ -281,12 +267,7 @@ def test_it_settles_at_once_a_payment_whose_succeeded_event_overtook_its_process
 def test_it_holds_a_success_reported_in_flight_for_a_payment_a_lookup_then_finds_declined(
     acme, approver, sandbox
 ):
-    from datetime import timedelta
 
-    from django.utils import timezone
-
-    from operations.providers.base import CallOutcome, WebhookFacts
-    from tests.operations.engine_helpers import died_mid_call
 
     op = authorized_payment(acme, approver)
     # The worker died mid-call; the provider made the payment, declined.

@@ -426,6 +426,13 @@ def _left_waiting_on_someone_else(
             next_reconcile_at=None, fields=fields,
         )
     op.refresh_from_db()
+    if found.external_id and op.external_id == found.external_id:
+        # Events kept while a call was in flight are decided now that its object is known
+        # (its customer's answer, reported meanwhile, settles it here).
+        kept_own = webhook_events_hold_other_objects(op=op, external_id=found.external_id)
+        webhook_events_apply_kept(op=op, external_id=found.external_id, events=kept_own)
+        if kept_own:
+            op.refresh_from_db()
     return ReconcileReport(op.id, "found", op.status, "waits on someone outside the console")
 
 

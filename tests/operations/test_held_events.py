@@ -295,3 +295,36 @@ def test_it_holds_a_success_reported_in_flight_for_a_payment_a_lookup_then_finds
         "failed, a person decides")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("about", "status", "held"), [
+    ("other", S.UNKNOWN, True),  # a second payment, reported while the call was in flight
+    ("own", S.SUCCEEDED, False),  # its customer's 3-D Secure answer, reported meanwhile
+])
+def test_it_decides_events_kept_in_flight_when_a_lookup_finds_the_payment_waiting_on_3ds(
+    acme, approver, sandbox, about, status, held
+):
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    waiting = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        needs_action=True, metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    paid = "pi_other" if about == "other" else waiting["id"]
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_paid", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=paid, status=CallOutcome.SUCCEEDED,
+        data={"id": paid, "status": "succeeded", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()}))
+    assert result == "ignored" and message.startswith("kept while the call was in flight")
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (report.outcome, op.status, op.external_id) == ("found", status, waiting["id"])
+    held_ids = [e.event_id for e in webhooks_held_for_review(operation=op)]
+    assert held_ids == (["evt_paid"] if held else [])
+    assert WebhookEvent.objects.get(event_id="evt_paid").applied is (about == "own")
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert PaymentIntent.objects.count() == 1

@@ -42,10 +42,7 @@ from operations.engine.core import (
     worker_name,
 )
 from operations.engine.prepare import authorization_problem
-from operations.engine.webhooks import (
-    webhook_events_apply_kept,
-    webhook_events_hold_other_objects,
-)
+from operations.engine.webhooks import webhook_events_decide_kept
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -250,9 +247,8 @@ def _record_lookup(
             actor=actor,
         )
         if won and found.external_id:
-            # After the commit that recorded the object: an event applied meanwhile saw it.
-            kept_own = webhook_events_hold_other_objects(op=op, external_id=found.external_id)
-            webhook_events_apply_kept(op=op, external_id=found.external_id, events=kept_own)
+            # Events kept while a call was in flight, now that its object is known.
+            webhook_events_decide_kept(op=op, external_id=found.external_id)
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
@@ -426,13 +422,14 @@ def _left_waiting_on_someone_else(
             next_reconcile_at=None, fields=fields,
         )
     op.refresh_from_db()
-    if found.external_id and op.external_id == found.external_id:
-        # Events kept while a call was in flight are decided now that its object is known
-        # (its customer's answer, reported meanwhile, settles it here).
-        kept_own = webhook_events_hold_other_objects(op=op, external_id=found.external_id)
-        webhook_events_apply_kept(op=op, external_id=found.external_id, events=kept_own)
-        if kept_own:
-            op.refresh_from_db()
+    # Events kept while a call was in flight, now that its object is known (its customer's
+    # answer, reported meanwhile, settles it here).
+    if (
+        found.external_id
+        and op.external_id == found.external_id
+        and webhook_events_decide_kept(op=op, external_id=found.external_id)
+    ):
+        op.refresh_from_db()
     return ReconcileReport(op.id, "found", op.status, "waits on someone outside the console")
 
 

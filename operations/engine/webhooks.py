@@ -289,6 +289,15 @@ def webhook_events_apply_kept(
             )
 
 
+def webhook_events_decide_kept(*, op: Operation, external_id: str) -> bool:
+    """Both steps at once, for a caller that records the object and its status together (a
+    lookup), after that commit. True when an event about the operation's own object was
+    decided: the status may have moved."""
+    own = webhook_events_hold_other_objects(op=op, external_id=external_id)
+    webhook_events_apply_kept(op=op, external_id=external_id, events=own)
+    return bool(own)
+
+
 def _kept_event_held(
     op: Operation, *, pk: int, event_id: str, event_type: str, external_id: str, message: str
 ) -> None:

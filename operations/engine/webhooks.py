@@ -27,6 +27,8 @@ from operations.providers.base import WebhookFacts
 # flight and before its answer names the object: `webhook_events_hold_other_objects` looks
 # for the mark once the answer (or a lookup) does.
 KEPT_IN_FLIGHT = "kept while the call was in flight"
+# What an event reported, as the adapters parse it, from the status it recorded.
+REPORTED_OUTCOME = {status: outcome for outcome, status in LOOKUP_STATUS.items()}
 
 
 def webhook_apply(*, provider: str, facts: WebhookFacts) -> tuple[str, str]:
@@ -296,6 +298,30 @@ def webhook_events_decide_kept(*, op: Operation, external_id: str) -> bool:
     own = webhook_events_hold_other_objects(op=op, external_id=external_id)
     webhook_events_apply_kept(op=op, external_id=external_id, events=own)
     return bool(own)
+
+
+def webhook_events_decide_kept_by_person(*, op_id: str) -> None:
+    """After a person resolved the operation: events kept while its call was in flight that
+    no answer or lookup decided are decided as if they arrived now, on an operation resolved
+    by hand. One reporting another outcome than theirs, or an effect of another object than
+    the one they recorded, is held for them (they saw it only as a line on the timeline);
+    the rest are ignored. In the resolution's transaction, so both commit together."""
+    kept = WebhookEvent.objects.filter(
+        operation_id=op_id, applied=False, needs_review=False, outcome__startswith=KEPT_IN_FLIGHT
+    ).order_by("id")
+    for event in kept:
+        op = Operation.objects.select_for_update(of=("self",)).select_related("tenant").get(
+            id=op_id
+        )
+        facts = WebhookFacts(
+            event_id=event.event_id, event_type=event.event_type, operation_id=op_id,
+            external_id=event.external_id, status=REPORTED_OUTCOME.get(event.reported_status),
+            data=event.data,
+        )
+        result, message = _webhook_transition(op, facts=facts)
+        WebhookEvent.objects.filter(id=event.id).update(
+            applied=result == "applied", needs_review=result == "held", outcome=message[:200]
+        )
 
 
 def _kept_event_held(

@@ -328,3 +328,39 @@ def test_it_decides_events_kept_in_flight_when_a_lookup_finds_the_payment_waitin
     assert WebhookEvent.objects.get(event_id="evt_paid").applied is (about == "own")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("outcome", "held"), [
+    (S.FAILED, True),  # the provider said the payment succeeded: not what they decided
+    (S.SUCCEEDED, False),  # what they decided
+])
+def test_it_decides_events_kept_in_flight_against_a_persons_resolution(
+    acme, approver, operator, sandbox, outcome, held
+):
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_paid", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id="pi_paid", status=CallOutcome.SUCCEEDED,
+        data={"id": "pi_paid", "status": "succeeded", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()}))
+    assert result == "ignored" and message.startswith("kept while the call was in flight")
+    # No answer and no lookup named the payment (the provider's search was down); a person
+    # settles the operation by what they checked.
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id, times=5)
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "inconclusive"
+    engine.operation_resolve(operation_id=op.id, actor=operator, outcome=outcome,
+                             evidence_text="checked the bank statement", reason="treasury")
+
+    op.refresh_from_db()
+    event = WebhookEvent.objects.get(event_id="evt_paid")
+    assert (op.status, op.resolved_manually, event.applied) == (outcome, True, False)
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == (
+        ["evt_paid"] if held else [])
+    assert event.outcome == (
+        f"held for review: the provider reports succeeded (pi_paid); {op.id} stays failed by "
+        "an operator's decision" if held
+        else f"ignored: {op.id} is succeeded by an operator's decision")
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert PaymentIntent.objects.count() == 0

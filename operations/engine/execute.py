@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,10 +26,7 @@ from operations.engine.core import (
 )
 from operations.engine.prepare import authorization_problem
 from operations.engine.reconcile import operation_reconcile
-from operations.engine.webhooks import (
-    webhook_events_apply_kept,
-    webhook_events_hold_other_objects,
-)
+from operations.engine.webhooks import webhook_events_decide_kept, webhook_events_kept_exist
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -292,11 +290,9 @@ def _record_call_result(
             # Not over what an operator settled meanwhile (their provider reference stays);
             # the attempt row above keeps these ids either way.
             Operation.objects.filter(id=op.id, resolved_manually=False).update(**ids)
-        # Events kept while this call was in flight are decided now that its object is known.
-        kept_own = (
-            webhook_events_hold_other_objects(op=op, external_id=ids["external_id"])
-            if "external_id" in ids else []
-        )
+        # Events that arrived while this call was in flight, kept until its answer named the
+        # object (read after the row lock above: a later one sees the object recorded).
+        kept = "external_id" in ids and webhook_events_kept_exist(op_id=op.id)
 
     data = {
         "attempt": attempt.number,
@@ -368,38 +364,44 @@ def _record_call_result(
             "reconcile before any new call"
         )
 
-    won = transition(
-        op,
-        to=to,
-        sources={S.IN_PROGRESS},
-        extra=Q(lease_owner=worker),
-        evidence_kind=EvidenceKind.CALL_RESULT,
-        summary=summary,
-        data=data,
-        fields=fields,
-    )
-    if not won and to != S.UNKNOWN:
-        # Our lease ran out while the call was in flight and the sweep marked it unknown, or
-        # a "still processing" webhook overtook the answer: the definite answer we now hold
-        # is still the best evidence there is.
-        late_sources = {S.UNKNOWN, S.ACCEPTED} if to in (S.SUCCEEDED, S.FAILED) else {S.UNKNOWN}
-        newer_call = Attempt.objects.filter(
-            operation_id=op.id, kind=AttemptKind.CALL, number__gt=attempt.number
-        )
+    # With kept events, they are decided in the outcome's transaction: an agent that sees
+    # the operation failed sees a second payment held with it (a failed intent may be
+    # replaced). Without, no savepoint for the transitions' own transactions.
+    with transaction.atomic() if kept else nullcontext():
         won = transition(
             op,
             to=to,
-            sources=late_sources,
-            # Only while no newer call was made: its answer (or a lookup) outranks ours.
-            extra=Q(resolved_manually=False) & ~Exists(newer_call),
+            sources={S.IN_PROGRESS},
+            extra=Q(lease_owner=worker),
             evidence_kind=EvidenceKind.CALL_RESULT,
-            summary=summary + " (answer arrived late)",
+            summary=summary,
             data=data,
             fields=fields,
         )
-    if kept_own:
-        webhook_events_apply_kept(op=op, external_id=ids["external_id"], events=kept_own)
-    elif won:
+        if not won and to != S.UNKNOWN:
+            # Our lease ran out while the call was in flight and the sweep marked it unknown
+            # (or a lookup found it still processing): the definite answer we now hold is
+            # still the best evidence there is.
+            late_sources = (
+                {S.UNKNOWN, S.ACCEPTED} if to in (S.SUCCEEDED, S.FAILED) else {S.UNKNOWN}
+            )
+            newer_call = Attempt.objects.filter(
+                operation_id=op.id, kind=AttemptKind.CALL, number__gt=attempt.number
+            )
+            won = transition(
+                op,
+                to=to,
+                sources=late_sources,
+                # Only while no newer call was made: its answer (or a lookup) outranks ours.
+                extra=Q(resolved_manually=False) & ~Exists(newer_call),
+                evidence_kind=EvidenceKind.CALL_RESULT,
+                summary=summary + " (answer arrived late)",
+                data=data,
+                fields=fields,
+            )
+        if kept:
+            webhook_events_decide_kept(op_id=op.id)
+    if won and not kept:
         # The conditional UPDATE that won set exactly this status; no need to read it back.
         return ExecuteReport(op.id, "called", to, summary)
     op.refresh_from_db()

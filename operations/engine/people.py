@@ -30,7 +30,7 @@ from operations.engine.core import (
     unanswered_call_lands_by,
     worker_name,
 )
-from operations.engine.webhooks import webhook_events_decide_kept_by_person
+from operations.engine.webhooks import webhook_events_decide_kept
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -150,7 +150,7 @@ def operation_resolve(
             if op.status in sources:
                 raise _moved_on(op)
             raise _unresolvable(op, outcome)
-        webhook_events_decide_kept_by_person(op_id=op.id)
+        webhook_events_decide_kept(op_id=op.id)
     op.refresh_from_db()
     return op
 

@@ -236,19 +236,22 @@ def _record_lookup(
         }
         if to == S.FAILED:
             fields.update(error_code="provider_failed", error_message=found.reason)
-        won = transition(
-            op,
-            to=to,
-            sources={op.status},
-            evidence_kind=EvidenceKind.LOOKUP,
-            summary=f"provider lookup ({found.method}) found {found.external_id}: {found.status}",
-            data=data,
-            fields=fields,
-            actor=actor,
-        )
-        if won and found.external_id:
-            # Events kept while a call was in flight, now that its object is known.
-            webhook_events_decide_kept(op=op, external_id=found.external_id)
+        # Events kept while a call was in flight are decided with the outcome that names
+        # its object, in one transaction (a failed intent may be replaced).
+        with transaction.atomic():
+            won = transition(
+                op,
+                to=to,
+                sources={op.status},
+                evidence_kind=EvidenceKind.LOOKUP,
+                summary=f"provider lookup ({found.method}) found {found.external_id}: "
+                f"{found.status}",
+                data=data,
+                fields=fields,
+                actor=actor,
+            )
+            if won and found.external_id:
+                webhook_events_decide_kept(op_id=op.id)
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
@@ -422,13 +425,11 @@ def _left_waiting_on_someone_else(
             next_reconcile_at=None, fields=fields,
         )
     op.refresh_from_db()
-    # Events kept while a call was in flight, now that its object is known (its customer's
-    # answer, reported meanwhile, settles it here).
-    if (
-        found.external_id
-        and op.external_id == found.external_id
-        and webhook_events_decide_kept(op=op, external_id=found.external_id)
-    ):
+    if found.external_id and op.external_id == found.external_id:
+        # Events kept while a call was in flight, now that its object is known (its
+        # customer's answer, reported meanwhile, settles it here).
+        with transaction.atomic():
+            webhook_events_decide_kept(op_id=op.id)
         op.refresh_from_db()
     return ReconcileReport(op.id, "found", op.status, "waits on someone outside the console")
 

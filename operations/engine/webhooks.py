@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 
 from operations import transitions
 from operations.engine import core
@@ -23,9 +23,9 @@ from operations.models import (
 )
 from operations.providers.base import WebhookFacts
 
-# How an event about an effect is marked when it arrives while the operation's call is in
-# flight and before its answer names the object: `webhook_events_hold_other_objects` looks
-# for the mark once the answer (or a lookup) does.
+# The outcome of an event about an object that arrives while the operation's call is in
+# flight and before its answer names the object: `webhook_events_decide_kept` looks for it
+# once the answer, a lookup or a person has decided.
 KEPT_IN_FLIGHT = "kept while the call was in flight"
 # What an event reported, as the adapters parse it, from the status it recorded.
 REPORTED_OUTCOME = {status: outcome for outcome, status in LOOKUP_STATUS.items()}
@@ -161,8 +161,8 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         # be about that object, or about another one carrying this operation's id (made
         # outside the console). Applied now, another object's status and id would stand for
         # ours, and its "succeeded" or "failed" could not be undone by the answer. Kept on
-        # the timeline; the answer (a lookup, if it is lost) decides, and then an effect of
-        # another object is held for a person.
+        # the timeline, and decided as if it arrived then once the answer (a lookup, if it
+        # is lost; a person, if neither names it) has: `webhook_events_decide_kept`.
         if facts.external_id:
             message = f"{KEPT_IN_FLIGHT}: decided once its answer names {op.id}'s object"
         else:
@@ -204,112 +204,27 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
     return result, message
 
 
-def webhook_events_hold_other_objects(
-    *, op: Operation, external_id: str
-) -> list[tuple[int, str, str, str]]:
-    """Once the operation's object is known (`external_id`, from its call's answer or a
-    lookup), the events kept while its call was in flight are decided. One about an effect
-    (succeeded or under way) of another object carrying the operation is a second effect of
-    one intent: held for a person, as when it arrives later. Runs once the row that records
-    `external_id` is locked (in that transaction) or committed: an event applied
-    concurrently then either committed before (and is found here) or sees the object.
-
-    Returns the kept events about the operation's own object, oldest first, as (id, event_id,
-    event_type, reported_status), for `webhook_events_apply_kept` once the answer's status
-    is recorded."""
-    kept = list(
-        WebhookEvent.objects.filter(
-            operation_id=op.id, applied=False, needs_review=False,
-            outcome__startswith=KEPT_IN_FLIGHT,
-        )
-        .order_by("id")
-        .values_list("id", "event_id", "event_type", "external_id", "reported_status")
-    )
-    own = []
-    for pk, event_id, event_type, other, reported in kept:
-        if other == external_id:
-            own.append((pk, event_id, event_type, reported))
-        elif reported in (S.SUCCEEDED, S.ACCEPTED):
-            _kept_event_held(
-                op, pk=pk, event_id=event_id, event_type=event_type, external_id=other,
-                message=f"held for review: a second effect, {other} ({event_type}), carrying "
-                f"{op.id}; its call made {external_id}; a person decides",
-            )
-        else:  # another object that moved no money: on the record, in nobody's queue
-            WebhookEvent.objects.filter(id=pk).update(
-                outcome=f"ignored: about {other}; the call of {op.id} made {external_id}"[:200]
-            )
-    return own
+def webhook_events_kept_exist(*, op_id: str) -> bool:
+    """Whether events kept while the operation's call was in flight wait for a decision."""
+    return _kept_in_flight(op_id).exists()
 
 
-def webhook_events_apply_kept(
-    *, op: Operation, external_id: str, events: list[tuple[int, str, str, str]]
-) -> None:
-    """The events about the operation's own object kept while its call was in flight, applied
-    after the answer as the transitions they report, oldest first: a "succeeded" that
-    overtook a "processing" answer settles the operation now, not at its next lookup. The
-    transition table keeps an older report (a "processing" behind a "succeeded" answer) from
-    moving it back."""
-    for pk, event_id, event_type, reported in events:
-        with transaction.atomic():
-            current = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
-            if reported and _outcome_contradicted(current.status, reported):
-                # The answer refused the payment, and the provider reports it made after all
-                # (retried at the provider): no ordering explains that; a person looks.
-                _kept_event_held(
-                    current, pk=pk, event_id=event_id, event_type=event_type,
-                    external_id=external_id,
-                    message=f"held for review: the provider reports {reported} "
-                    f"({external_id}); {op.id} stays {current.status}, a person decides",
-                )
-                continue
-            movable = (
-                reported
-                and reported != current.status
-                and transitions.allowed(current.status, reported)
-                and not current.resolved_manually
-                and current.external_id == external_id
-            )
-            if not movable:
-                WebhookEvent.objects.filter(id=pk).update(outcome=(
-                    f"ignored: the call's answer left {op.id} {current.status}"
-                    + ("" if reported == current.status else ", which the event does not follow")
-                )[:200])
-                continue
-            transition(
-                current,
-                to=reported,
-                sources={current.status},
-                evidence_kind=EvidenceKind.WEBHOOK,
-                summary=f"webhook {event_type} (kept while the call was in flight)",
-                data={"event_id": event_id, "event_type": event_type, "external_id": external_id},
-                fields={"error_code": "provider_failed", "error_message": event_type}
-                if reported == S.FAILED else {},
-            )
-            WebhookEvent.objects.filter(id=pk).update(
-                applied=True, outcome=f"applied after the answer: {current.status} → {reported}"
-            )
-
-
-def webhook_events_decide_kept(*, op: Operation, external_id: str) -> bool:
-    """Both steps at once, for a caller that records the object and its status together (a
-    lookup), after that commit. True when an event about the operation's own object was
-    decided: the status may have moved."""
-    own = webhook_events_hold_other_objects(op=op, external_id=external_id)
-    webhook_events_apply_kept(op=op, external_id=external_id, events=own)
-    return bool(own)
-
-
-def webhook_events_decide_kept_by_person(*, op_id: str) -> None:
-    """After a person resolved the operation: events kept while its call was in flight that
-    no answer or lookup decided are decided as if they arrived now, on an operation resolved
-    by hand. One reporting another outcome than theirs, or an effect of another object than
-    the one they recorded, is held for them (they saw it only as a line on the timeline);
-    the rest are ignored. In the resolution's transaction, so both commit together."""
-    kept = WebhookEvent.objects.filter(
+def _kept_in_flight(op_id: str) -> QuerySet[WebhookEvent]:
+    return WebhookEvent.objects.filter(
         operation_id=op_id, applied=False, needs_review=False, outcome__startswith=KEPT_IN_FLIGHT
-    ).order_by("id")
-    for event in kept:
+    )
+
+
+def webhook_events_decide_kept(*, op_id: str) -> None:
+    """Decide the events kept while the operation's call was in flight, once what they were
+    waiting for is recorded: the object its answer or a lookup named, or a person's
+    resolution. Each is applied, held or ignored as if it arrived now, oldest first: an
+    effect of another object is a second effect (held); one about the operation's own object
+    moves it as an allowed transition (a "succeeded" that overtook a "processing" answer
+    settles it at once) or is held when it contradicts the outcome (a "succeeded" for the
+    payment the answer declined). Call inside the transaction that records that outcome, so
+    an agent never sees the outcome without the holds (a failed intent may be replaced)."""
+    for event in _kept_in_flight(op_id).order_by("id"):
         op = Operation.objects.select_for_update(of=("self",)).select_related("tenant").get(
             id=op_id
         )
@@ -322,16 +237,6 @@ def webhook_events_decide_kept_by_person(*, op_id: str) -> None:
         WebhookEvent.objects.filter(id=event.id).update(
             applied=result == "applied", needs_review=result == "held", outcome=message[:200]
         )
-
-
-def _kept_event_held(
-    op: Operation, *, pk: int, event_id: str, event_type: str, external_id: str, message: str
-) -> None:
-    WebhookEvent.objects.filter(id=pk).update(needs_review=True, outcome=message[:200])
-    _webhook_evidence(
-        op, event_type=event_type, message=message,
-        data={"event_id": event_id, "event_type": event_type, "external_id": external_id},
-    )
 
 
 def _outcome_contradicted(status: str, target: str) -> bool:

@@ -194,10 +194,10 @@ def test_it_holds_a_second_payment_reported_while_its_own_call_is_in_flight(
     held_events = list(webhooks_held_for_review(operation=op))
     if held:
         assert [e.external_id for e in held_events] == [second["id"]]
+        reported = {"succeeded": S.SUCCEEDED, "processing": S.ACCEPTED}[second_is]
         assert held_events[0].outcome == (
-            f"held for review: a second effect, {second['id']} "
-            f"(payment_intent.{second_is}), carrying {op.id}; its call made {made.id}; a "
-            "person decides")
+            f"held for review: the provider reports a second effect, {second['id']} "
+            f"({reported}), carrying {op.id}, which records {made.id}; a person decides")
         assert op.evidence.filter(summary__contains=held_events[0].outcome).count() == 1
     else:
         assert held_events == []

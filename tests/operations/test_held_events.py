@@ -36,6 +36,17 @@ from tests.operations.engine_helpers import (
 S = OperationStatus
 
 
+def success_reported_in_flight(op: Operation, *, event_id: str, external_id: str) -> None:
+    """The provider reports a payment of the approved sum carrying `op` succeeded, while the
+    journal has its call in flight: kept for the answer (or a lookup, or a person)."""
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id=event_id, event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=external_id, status=CallOutcome.SUCCEEDED,
+        data={"id": external_id, "status": "succeeded", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()}))
+    assert result == "ignored" and message.startswith("kept while the call was in flight")
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("amount", "with_reference"), [
     (PAYMENT["amount_minor"], True),  # a second payment of the approved sum
@@ -215,12 +226,7 @@ def test_it_holds_a_second_payment_reported_in_flight_once_a_lookup_finds_its_ow
     call = executing_in_flight(op, settings, fault="commit_then_drop", seconds=4, timeout=3)
     # Meanwhile the provider reports a payment carrying the operation that is not the one
     # our call made (which the provider's search does not show to the lookup below).
-    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-        event_id="evt_other", event_type="payment_intent.succeeded", operation_id=op.id,
-        external_id="pi_other", status=CallOutcome.SUCCEEDED,
-        data={"id": "pi_other", "status": "succeeded", "amount": PAYMENT["amount_minor"],
-              "currency": PAYMENT["currency"].lower()}))
-    assert result == "ignored" and message.startswith("kept while the call was in flight")
+    success_reported_in_flight(op, event_id="evt_other", external_id="pi_other")
     call.join()
     op.refresh_from_db()
     assert op.status == S.UNKNOWN and not webhooks_held_for_review(operation=op).exists()
@@ -278,12 +284,7 @@ def test_it_holds_a_success_reported_in_flight_for_a_payment_a_lookup_then_finds
     )
     # An event says that very payment succeeded (its customer paid with another card), while
     # the journal still has the call in flight.
-    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-        event_id="evt_paid", event_type="payment_intent.succeeded", operation_id=op.id,
-        external_id=declined["id"], status=CallOutcome.SUCCEEDED,
-        data={"id": declined["id"], "status": "succeeded", "amount": PAYMENT["amount_minor"],
-              "currency": PAYMENT["currency"].lower()}))
-    assert result == "ignored" and message.startswith("kept while the call was in flight")
+    success_reported_in_flight(op, event_id="evt_paid", external_id=declined["id"])
 
     report = engine.operation_reconcile(operation_id=op.id)
 
@@ -312,12 +313,7 @@ def test_it_decides_events_kept_in_flight_when_a_lookup_finds_the_payment_waitin
         needs_action=True, metadata={"operation_id": op.id, "tenant": acme.slug},
     )
     paid = "pi_other" if about == "other" else waiting["id"]
-    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-        event_id="evt_paid", event_type="payment_intent.succeeded", operation_id=op.id,
-        external_id=paid, status=CallOutcome.SUCCEEDED,
-        data={"id": paid, "status": "succeeded", "amount": PAYMENT["amount_minor"],
-              "currency": PAYMENT["currency"].lower()}))
-    assert result == "ignored" and message.startswith("kept while the call was in flight")
+    success_reported_in_flight(op, event_id="evt_paid", external_id=paid)
 
     report = engine.operation_reconcile(operation_id=op.id)
 
@@ -340,12 +336,7 @@ def test_it_decides_events_kept_in_flight_against_a_persons_resolution(
 ):
     op = died_mid_call(authorized_payment(acme, approver),
                        claimed=timezone.now() - timedelta(minutes=5))
-    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-        event_id="evt_paid", event_type="payment_intent.succeeded", operation_id=op.id,
-        external_id="pi_paid", status=CallOutcome.SUCCEEDED,
-        data={"id": "pi_paid", "status": "succeeded", "amount": PAYMENT["amount_minor"],
-              "currency": PAYMENT["currency"].lower()}))
-    assert result == "ignored" and message.startswith("kept while the call was in flight")
+    success_reported_in_flight(op, event_id="evt_paid", external_id="pi_paid")
     # No answer and no lookup named the payment (the provider's search was down); a person
     # settles the operation by what they checked.
     sandbox_fault_set(provider="payments", kind="http_500", match=op.id, times=5)

@@ -293,18 +293,23 @@ def _record_lookup(
             else:
                 to, detail, why = S.CANCELLED, problem, f"not called again: {problem}"
                 fields = {"error_code": "authorization", "error_message": problem}
-            transition(
-                op,
-                to=to,
-                sources={S.UNKNOWN},
-                extra=Q(provider_calls=calls_before),
-                evidence_kind=EvidenceKind.LOOKUP,
-                summary=f"provider lookup ({found.method}) proved no effect exists after "
-                f"every call could have landed; {why}",
-                data=data,
-                fields=fields,
-                actor=actor,
-            )
+            # An object the provider reported while a call was in flight is one this lookup
+            # did not see: held with the closing (a closed intent may be replaced).
+            with transaction.atomic():
+                won = transition(
+                    op,
+                    to=to,
+                    sources={S.UNKNOWN},
+                    extra=Q(provider_calls=calls_before),
+                    evidence_kind=EvidenceKind.LOOKUP,
+                    summary=f"provider lookup ({found.method}) proved no effect exists after "
+                    f"every call could have landed; {why}",
+                    data=data,
+                    fields=fields,
+                    actor=actor,
+                )
+                if won:
+                    webhook_events_decide_kept(op_id=op.id)
             op.refresh_from_db()
             return ReconcileReport(op.id, "absent", op.status, detail)
 
@@ -335,20 +340,26 @@ def _record_lookup(
             )
             return ReconcileReport(op.id, "absent", op.status, "call limit reached")
         if may_call:
-            won = transition(
-                op,
-                to=S.NOT_STARTED,
-                sources={S.UNKNOWN},
-                # Stale if a call was claimed since the lookup began: that call's own
-                # answer (or the next lookup) decides, never this older absence.
-                extra=Q(provider_calls=calls_before),
-                evidence_kind=EvidenceKind.LOOKUP,
-                summary=f"provider lookup ({found.method}) proved no effect exists; "
-                "may call again with the same key",
-                data=data,
-                fields={"error_code": "", "error_message": ""},
-                actor=actor,
-            )
+            # An object the provider reported while a call was in flight is one this lookup
+            # did not see: held in the same transaction, so the claim of the next call
+            # refuses (a person looks before a second payment).
+            with transaction.atomic():
+                won = transition(
+                    op,
+                    to=S.NOT_STARTED,
+                    sources={S.UNKNOWN},
+                    # Stale if a call was claimed since the lookup began: that call's own
+                    # answer (or the next lookup) decides, never this older absence.
+                    extra=Q(provider_calls=calls_before),
+                    evidence_kind=EvidenceKind.LOOKUP,
+                    summary=f"provider lookup ({found.method}) proved no effect exists; "
+                    "may call again with the same key",
+                    data=data,
+                    fields={"error_code": "", "error_message": ""},
+                    actor=actor,
+                )
+                if won:
+                    webhook_events_decide_kept(op_id=op.id)
             op.refresh_from_db()
             if not won and not (
                 op.status == S.NOT_STARTED and op.provider_calls == calls_before

@@ -355,3 +355,34 @@ def test_it_decides_events_kept_in_flight_against_a_persons_resolution(
         else f"ignored: {op.id} is succeeded by an operator's decision")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("expired", "status"), [
+    (False, S.UNKNOWN),  # absence would allow another call: not made, a person looks first
+    (True, S.CANCELLED),  # absence closes it as never done: the payment reported is held
+])
+def test_it_calls_no_more_for_a_payment_reported_in_flight_that_a_lookup_does_not_find(
+    acme, approver, operator, sandbox, expired, status
+):
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    # The provider reports a payment carrying this operation succeeded while the journal has
+    # the call in flight; its search does not show it to the lookup (it lags, or the payment
+    # lives where the search does not reach).
+    success_reported_in_flight(op, event_id="evt_paid", external_id="pi_paid")
+    if expired:
+        Operation.objects.filter(id=op.id).update(
+            authorization_expires_at=timezone.now() - timedelta(minutes=1))
+
+    engine.operation_reconcile(operation_id=op.id)
+    engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert op.status == status
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_paid"], (
+        "the provider reported a payment of this operation and nobody is asked to look")
+    assert replaced_and_run(op, approver) is None
+    assert not sandbox_writes(provider="payments").exists()
+    assert PaymentIntent.objects.count() == 0
+

@@ -366,8 +366,11 @@ def _record_call_result(
 
     # With kept events, they are decided in the outcome's transaction: an agent that sees
     # the operation failed sees a second payment held with it (a failed intent may be
-    # replaced). Without, no savepoint for the transitions' own transactions.
-    with transaction.atomic() if kept else nullcontext():
+    # replaced). Without, no savepoint for the transitions' own transactions. A refusal that
+    # names no object closes the operation too: what was kept while it was in flight is
+    # looked for under the row lock its transition takes (a later event sees it failed).
+    refused = to == S.FAILED and "external_id" not in ids
+    with transaction.atomic() if kept or refused else nullcontext():
         won = transition(
             op,
             to=to,
@@ -399,7 +402,8 @@ def _record_call_result(
                 data=data,
                 fields=fields,
             )
-        if kept:
+        if kept or (refused and won and webhook_events_kept_exist(op_id=op.id)):
+            kept = True
             webhook_events_decide_kept(op_id=op.id)
     if won and not kept:
         # The conditional UPDATE that won set exactly this status; no need to read it back.

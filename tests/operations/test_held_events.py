@@ -386,3 +386,30 @@ def test_it_calls_no_more_for_a_payment_reported_in_flight_that_a_lookup_does_no
     assert not sandbox_writes(provider="payments").exists()
     assert PaymentIntent.objects.count() == 0
 
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_reported_while_the_call_the_provider_refuses_is_in_flight(
+    acme, approver, sandbox, monkeypatch
+):
+    from operations.engine import execute as execute_module
+
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+    real_snapshot = execute_module.snapshot
+
+    def reported_while_in_flight(op_, **kwargs):
+        # After the claim, before the call's answer: a payment carrying this operation
+        # (made outside the console) is reported succeeded.
+        success_reported_in_flight(op, event_id="evt_paid", external_id="pi_paid")
+        return real_snapshot(op_, **kwargs)
+
+    monkeypatch.setattr(execute_module, "snapshot", reported_while_in_flight)
+    engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.FAILED, "")
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_paid"], (
+        "the intent looks refused while the provider reported its payment, and nobody looks")
+    assert replaced_and_run(op, approver) is None
+    assert len(sandbox_writes(provider="payments")) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 0

@@ -73,6 +73,11 @@ def webhook_apply(*, provider: str, facts: WebhookFacts) -> tuple[str, str]:
             operation=op, applied=result == "applied", needs_review=result == "held",
             outcome=message[:200],
         )
+        if result == "applied" and facts.external_id:
+            # This event named the object (on an operation no answer or lookup settled: its
+            # worker gone, the search down): what was kept while the call was in flight is
+            # decided now, or it would wait for an answer that never comes.
+            webhook_events_decide_kept(op_id=op.id)
         return result, message
 
 

@@ -413,3 +413,30 @@ def test_it_holds_a_payment_reported_while_the_call_the_provider_refuses_is_in_f
     assert replaced_and_run(op, approver) is None
     assert len(sandbox_writes(provider="payments")) == op.provider_calls == 1
     assert PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_second_payment_kept_in_flight_once_an_event_settles_the_operation(
+    acme, approver, sandbox, live_server
+):
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    # While the call is in flight, the provider reports a payment carrying the operation
+    # that is not the one the call made.
+    success_reported_in_flight(op, event_id="evt_other", external_id="pi_other")
+    # The worker is gone; the provider's search is down, so no lookup names the payment.
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id, times=5)
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "inconclusive"
+    # Then the event about the call's own payment arrives, and settles the operation.
+    ours = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, ours["id"])
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_other"], (
+        "the second payment stays kept for an answer that will never come, and nobody looks")
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert PaymentIntent.objects.count() == 1

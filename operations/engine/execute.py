@@ -249,6 +249,28 @@ def _accounts_called_besides(op: Operation, account: str) -> list[str]:
     ))
 
 
+def _records_no_other_object(external_id: str) -> Q:
+    """For a filter on the operation: it records no object, or `external_id` (any, when the
+    answer named none)."""
+    return Q(external_id__in=["", external_id]) if external_id else Q()
+
+
+def _hold_events_of_another_object(op: Operation, *, ours: str) -> None:
+    """The call's answer names `ours` while the operation took another object from a
+    provider event after our lease ran out: that event settled it with a payment our call
+    did not make, so two carry the operation. Held for a person, in the transaction that
+    keeps the answer on the attempt row (the provider's own event about ours then reads as
+    a second effect too)."""
+    WebhookEvent.objects.filter(
+        ~Q(external_id__in=["", ours]), operation_id=op.id, applied=True, needs_review=False,
+        operation__resolved_manually=False, operation__external_id=F("external_id"),
+    ).update(
+        needs_review=True,
+        outcome=f"held for review: the call's answer named {ours}, not this event's object, "
+        "which settled the operation; a person decides"[:200],
+    )
+
+
 _ATTEMPT_OUTCOME = {
     CallOutcome.SUCCEEDED: AttemptOutcome.SUCCEEDED,
     CallOutcome.ACCEPTED: AttemptOutcome.ACCEPTED,
@@ -287,9 +309,15 @@ def _record_call_result(
         if result.provider_request_id:
             ids["provider_request_id"] = result.provider_request_id
         if ids:
-            # Not over what an operator settled meanwhile (their provider reference stays);
-            # the attempt row above keeps these ids either way.
-            Operation.objects.filter(id=op.id, resolved_manually=False).update(**ids)
+            # Not over what an operator settled meanwhile (their provider reference stays),
+            # nor over another object recorded since our lease ran out (an event or a lookup
+            # named it): two objects then carry the operation, and the one it records
+            # decided its status. The attempt row above keeps these ids either way.
+            recorded = Operation.objects.filter(id=op.id, resolved_manually=False).filter(
+                _records_no_other_object(ids.get("external_id", ""))
+            ).update(**ids)
+            if not recorded and "external_id" in ids:
+                _hold_events_of_another_object(op, ours=ids["external_id"])
         # Events that arrived while this call was in flight, kept until its answer named the
         # object (read after the row lock above: a later one sees the object recorded).
         kept = "external_id" in ids and webhook_events_kept_exist(op_id=op.id)
@@ -375,7 +403,7 @@ def _record_call_result(
             op,
             to=to,
             sources={S.IN_PROGRESS},
-            extra=Q(lease_owner=worker),
+            extra=Q(lease_owner=worker) & _records_no_other_object(result.external_id),
             evidence_kind=EvidenceKind.CALL_RESULT,
             summary=summary,
             data=data,
@@ -396,7 +424,8 @@ def _record_call_result(
                 to=to,
                 sources=late_sources,
                 # Only while no newer call was made: its answer (or a lookup) outranks ours.
-                extra=Q(resolved_manually=False) & ~Exists(newer_call),
+                extra=Q(resolved_manually=False) & ~Exists(newer_call)
+                & _records_no_other_object(result.external_id),
                 evidence_kind=EvidenceKind.CALL_RESULT,
                 summary=summary + " (answer arrived late)",
                 data=data,

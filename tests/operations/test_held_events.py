@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from operations import engine
+from operations.engine.core import lease_expired
 from operations.models import Operation, OperationStatus, WebhookEvent
 from operations.providers.base import CallOutcome, WebhookFacts
 from operations.sandbox.models import PaymentIntent
@@ -24,6 +25,7 @@ from operations.sandbox.services import (
     sandbox_webhooks_deliver,
 )
 from operations.selectors import operations_unknown_queue, webhooks_held_for_review
+from tests.helpers import wait_for
 from tests.operations.engine_helpers import (
     PAYMENT,
     async_payment,
@@ -440,3 +442,34 @@ def test_it_holds_a_second_payment_kept_in_flight_once_an_event_settles_the_oper
         "the second payment stays kept for an answer that will never come, and nobody looks")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_two_payments_when_a_late_answer_names_another_than_the_event_that_settled_it(
+    acme, approver, sandbox, live_server, settings
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    call = executing_in_flight(op, settings, fault="delay", seconds=3)
+    # The call outlives its lease: the sweep's reconcile finds nothing yet, and meanwhile a
+    # payment carrying the operation is made outside the console and reported, settling it.
+    wait_for(lambda: lease_expired(Operation.objects.get(id=op.id)), what="the lease to end")
+    engine.operation_reconcile(operation_id=op.id)
+    other = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+    assert Operation.objects.get(id=op.id).external_id == other["id"]
+    # Then the call's answer arrives: our own payment, a second one.
+    call.join()
+    sandbox_webhooks_deliver(target_base_url=live_server.url)  # ours, reported too
+
+    op.refresh_from_db()
+    ours = PaymentIntent.objects.exclude(id=other["id"]).get()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, other["id"])
+    assert op.attempts.get(kind="call").external_id == ours.id
+    held = {e.external_id for e in webhooks_held_for_review(operation=op)}
+    assert held == {other["id"], ours.id}, "two payments for one intent, and nobody is asked"
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == op.provider_calls == 1
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2

@@ -236,22 +236,16 @@ def _record_lookup(
         }
         if to == S.FAILED:
             fields.update(error_code="provider_failed", error_message=found.reason)
-        # Events kept while a call was in flight are decided with the outcome that names
-        # its object, in one transaction (a failed intent may be replaced).
-        with transaction.atomic():
-            won = transition(
-                op,
-                to=to,
-                sources={op.status},
-                evidence_kind=EvidenceKind.LOOKUP,
-                summary=f"provider lookup ({found.method}) found {found.external_id}: "
-                f"{found.status}",
-                data=data,
-                fields=fields,
-                actor=actor,
-            )
-            if won and found.external_id:
-                webhook_events_decide_kept(op_id=op.id)
+        _transition_deciding_kept(
+            op,
+            to=to,
+            sources={op.status},
+            evidence_kind=EvidenceKind.LOOKUP,
+            summary=f"provider lookup ({found.method}) found {found.external_id}: {found.status}",
+            data=data,
+            fields=fields,
+            actor=actor,
+        )
         op.refresh_from_db()
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
@@ -294,22 +288,19 @@ def _record_lookup(
                 to, detail, why = S.CANCELLED, problem, f"not called again: {problem}"
                 fields = {"error_code": "authorization", "error_message": problem}
             # An object the provider reported while a call was in flight is one this lookup
-            # did not see: held with the closing (a closed intent may be replaced).
-            with transaction.atomic():
-                won = transition(
-                    op,
-                    to=to,
-                    sources={S.UNKNOWN},
-                    extra=Q(provider_calls=calls_before),
-                    evidence_kind=EvidenceKind.LOOKUP,
-                    summary=f"provider lookup ({found.method}) proved no effect exists after "
-                    f"every call could have landed; {why}",
-                    data=data,
-                    fields=fields,
-                    actor=actor,
-                )
-                if won:
-                    webhook_events_decide_kept(op_id=op.id)
+            # did not see: held with the closing.
+            _transition_deciding_kept(
+                op,
+                to=to,
+                sources={S.UNKNOWN},
+                extra=Q(provider_calls=calls_before),
+                evidence_kind=EvidenceKind.LOOKUP,
+                summary=f"provider lookup ({found.method}) proved no effect exists after "
+                f"every call could have landed; {why}",
+                data=data,
+                fields=fields,
+                actor=actor,
+            )
             op.refresh_from_db()
             return ReconcileReport(op.id, "absent", op.status, detail)
 
@@ -341,25 +332,22 @@ def _record_lookup(
             return ReconcileReport(op.id, "absent", op.status, "call limit reached")
         if may_call:
             # An object the provider reported while a call was in flight is one this lookup
-            # did not see: held in the same transaction, so the claim of the next call
-            # refuses (a person looks before a second payment).
-            with transaction.atomic():
-                won = transition(
-                    op,
-                    to=S.NOT_STARTED,
-                    sources={S.UNKNOWN},
-                    # Stale if a call was claimed since the lookup began: that call's own
-                    # answer (or the next lookup) decides, never this older absence.
-                    extra=Q(provider_calls=calls_before),
-                    evidence_kind=EvidenceKind.LOOKUP,
-                    summary=f"provider lookup ({found.method}) proved no effect exists; "
-                    "may call again with the same key",
-                    data=data,
-                    fields={"error_code": "", "error_message": ""},
-                    actor=actor,
-                )
-                if won:
-                    webhook_events_decide_kept(op_id=op.id)
+            # did not see: held with the absence, so the next call's claim refuses (a person
+            # looks before a second payment).
+            won = _transition_deciding_kept(
+                op,
+                to=S.NOT_STARTED,
+                sources={S.UNKNOWN},
+                # Stale if a call was claimed since the lookup began: that call's own answer
+                # (or the next lookup) decides, never this older absence.
+                extra=Q(provider_calls=calls_before),
+                evidence_kind=EvidenceKind.LOOKUP,
+                summary=f"provider lookup ({found.method}) proved no effect exists; "
+                "may call again with the same key",
+                data=data,
+                fields={"error_code": "", "error_message": ""},
+                actor=actor,
+            )
             op.refresh_from_db()
             if not won and not (
                 op.status == S.NOT_STARTED and op.provider_calls == calls_before
@@ -406,6 +394,17 @@ def _record_lookup(
         data=data, actor=actor, next_reconcile_at=retry_at,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+
+
+def _transition_deciding_kept(op: Operation, **transition_args: Any) -> bool:
+    """A lookup's transition, with the events kept while a call was in flight decided in its
+    transaction (`webhook_events_decide_kept`): an agent that sees the outcome sees them held
+    with it (a closed intent may be replaced, an absent one called again)."""
+    with transaction.atomic():
+        won = transition(op, **transition_args)
+        if won:
+            webhook_events_decide_kept(op_id=op.id)
+    return won
 
 
 def _left_waiting_on_someone_else(

@@ -397,8 +397,8 @@ def _record_call_result(
     # replaced). Without, no savepoint for the transitions' own transactions. A refusal that
     # names no object closes the operation too: what was kept while it was in flight is
     # looked for under the row lock its transition takes (a later event sees it failed).
-    refused = to == S.FAILED and "external_id" not in ids
-    with transaction.atomic() if kept or refused else nullcontext():
+    closes_unnamed = to == S.FAILED and "external_id" not in ids
+    with transaction.atomic() if kept or closes_unnamed else nullcontext():
         won = transition(
             op,
             to=to,
@@ -431,10 +431,10 @@ def _record_call_result(
                 data=data,
                 fields=fields,
             )
-        if kept or (refused and won and webhook_events_kept_exist(op_id=op.id)):
-            kept = True
+        decided = kept or (closes_unnamed and won)
+        if decided:
             webhook_events_decide_kept(op_id=op.id)
-    if won and not kept:
+    if won and not decided:
         # The conditional UPDATE that won set exactly this status; no need to read it back.
         return ExecuteReport(op.id, "called", to, summary)
     op.refresh_from_db()

@@ -205,7 +205,7 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         if won:
             return "applied", f"applied: {op.status} → {target}"
         return "ignored", "ignored: status moved meanwhile"
-    _webhook_evidence(op, event_type=facts.event_type, data=data, message=message)
+    _webhook_evidence(op, facts=facts, data=data, message=message)
     return result, message
 
 
@@ -259,7 +259,7 @@ def _outcome_contradicted(status: str, target: str) -> bool:
 
 
 def _webhook_evidence(
-    op: Operation, *, event_type: str, data: dict[str, Any], message: str
+    op: Operation, *, facts: WebhookFacts, data: dict[str, Any], message: str
 ) -> None:
     """An event that moved nothing, kept on the operation's timeline."""
     Evidence.objects.create(
@@ -267,6 +267,6 @@ def _webhook_evidence(
         kind=EvidenceKind.WEBHOOK,
         from_status=op.status,
         to_status=op.status,
-        summary=f"webhook {event_type} {message}",
+        summary=f"webhook {facts.event_type} {message}",
         data=data,
     )

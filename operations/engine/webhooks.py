@@ -115,52 +115,23 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         if target is not None
         else ""
     )
-    # Another object than the one recorded that moved money (or is moving it): one intent,
-    # two effects.
-    second_effect = other_object and target in (S.SUCCEEDED, S.ACCEPTED)
+    held = provider_report_held(
+        op, external_id=facts.external_id, target=target, mismatch=mismatch
+    )
     # An event that moves nothing is kept on the timeline; a "held" one is also shown to
     # operators until a person disputes or resolves the operation.
     result = "ignored"
-    if op.resolved_manually or op.status == S.DISPUTED:
+    if held:
+        result, message = "held", f"held for review: {held}"
+    elif op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
-        if second_effect or mismatch:
-            # A person's decision was about the effect they checked, not this one: even when
-            # its status agrees with theirs, held for that person, as for any operation.
-            what = (
-                f"a second effect, {facts.external_id} ({target}), carrying {op.id}"
-                if second_effect else mismatch
-            )
-            result, message = "held", (
-                f"held for review: the provider reports {what}; {op.id} stays {op.status} by "
-                "an operator's decision"
-            )
-        elif target is not None and target != op.status:
-            # A person's decision stands, but the provider now says otherwise (money may have
-            # moved after all): held for that person, loudly, not only a line on a timeline.
-            result, message = "held", (
-                f"held for review: the provider reports {target} "
-                f"({facts.external_id or 'no id'}); {op.id} stays {op.status} by an "
-                "operator's decision"
-            )
     elif other_object:
         # Two provider objects carry this operation (a data incident): an event about the one
-        # we did not record says nothing certain about ours. One that moved money (or is
-        # moving it) is a second effect of one intent: loudly, for a person.
+        # we did not record says nothing certain about ours.
         message = (
             f"ignored: the event is about {facts.external_id}, the operation records "
             f"{op.external_id}; a person decides"
         )
-        if second_effect:
-            result, message = "held", (
-                f"held for review: the provider reports a second effect, {facts.external_id} "
-                f"({target}), carrying {op.id}, which records {op.external_id}; a person "
-                "decides"
-            )
-    elif mismatch:
-        # The event names this operation but its object is not the approved effect (another
-        # sum): applying its status would settle the operation with it. Loudly, for a person.
-        result = "held"
-        message = f"held for review: {mismatch}; {op.id} stays {op.status}, a person decides"
     elif op.status == S.IN_PROGRESS and not op.external_id and target is not None:
         # Our call is in flight and its answer has not named its object yet: the event may
         # be about that object, or about another one carrying this operation's id (made
@@ -172,13 +143,6 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
             message = f"{KEPT_IN_FLIGHT}: decided once its answer names {op.id}'s object"
         else:
             message = f"ignored: the call of {op.id} is in flight; its answer decides"
-    elif target is not None and _outcome_contradicted(op.status, target):
-        # The journal closed it (the provider refused it, or lookups proved it never done),
-        # and the provider now reports the effect: no reordering of events explains that.
-        result, message = "held", (
-            f"held for review: the provider reports {target} "
-            f"({facts.external_id or 'no id'}); {op.id} stays {op.status}, a person decides"
-        )
     elif target is None:
         message = f"ignored: {facts.event_type} carries no status"
     elif target == op.status:
@@ -207,6 +171,60 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         return "ignored", "ignored: status moved meanwhile"
     _webhook_evidence(op, facts=facts, data=data, message=message)
     return result, message
+
+
+def provider_report_held(
+    op: Operation, *, external_id: str, target: str | None, mismatch: str
+) -> str:
+    """Why what the provider reports about `op` is for a person, or "" when it is not: an
+    event, or a call's answer that arrived too late to land (`target`: the status it
+    reports; `mismatch`: how its object differs from the approved effect). Read under the
+    operation's row lock."""
+    other_object = bool(external_id and op.external_id and external_id != op.external_id)
+    # Another object than the one recorded that moved money (or is moving it): one intent,
+    # two effects.
+    second_effect = other_object and target in (S.SUCCEEDED, S.ACCEPTED)
+    if op.resolved_manually or op.status == S.DISPUTED:
+        if second_effect or mismatch:
+            # A person's decision was about the effect they checked, not this one: even when
+            # its status agrees with theirs, held for that person, as for any operation.
+            what = (
+                f"a second effect, {external_id} ({target}), carrying {op.id}"
+                if second_effect else mismatch
+            )
+            return (
+                f"the provider reports {what}; {op.id} stays {op.status} by an operator's "
+                "decision"
+            )
+        if target is not None and target != op.status:
+            # A person's decision stands, but the provider now says otherwise (money may have
+            # moved after all): held for that person, loudly, not only a line on a timeline.
+            return (
+                f"the provider reports {target} ({external_id or 'no id'}); {op.id} stays "
+                f"{op.status} by an operator's decision"
+            )
+        return ""
+    if other_object:
+        # Two provider objects carry this operation: one that moved money (or is moving it)
+        # is a second effect of one intent, loudly, for a person.
+        if second_effect:
+            return (
+                f"the provider reports a second effect, {external_id} ({target}), carrying "
+                f"{op.id}, which records {op.external_id}; a person decides"
+            )
+        return ""
+    if mismatch:
+        # It names this operation but its object is not the approved effect (another sum):
+        # applying its status would settle the operation with it.
+        return f"{mismatch}; {op.id} stays {op.status}, a person decides"
+    if target is not None and _outcome_contradicted(op.status, target):
+        # The journal closed it (the provider refused it, or lookups proved it never done),
+        # and the provider now reports the effect: no reordering of events explains that.
+        return (
+            f"the provider reports {target} ({external_id or 'no id'}); {op.id} stays "
+            f"{op.status}, a person decides"
+        )
+    return ""
 
 
 def webhook_events_kept_exist(*, op_id: str) -> bool:

@@ -115,8 +115,8 @@ class ReasonForm(forms.Form):
 
 class DecisionForm(ReasonForm):
     """A person's decision on an operation (dispute, resolve): it answers the provider events
-    held for review that the page showed, and only those. One that arrived while the person
-    was deciding stays in the queue for them to see."""
+    and call answers held for review that the page showed, and only those. One that arrived
+    while the person was deciding stays in the queue for them to see."""
 
     # autocomplete off: a browser restoring form state on reload would send an old list.
     held_shown = forms.CharField(
@@ -124,11 +124,24 @@ class DecisionForm(ReasonForm):
         widget=forms.HiddenInput(attrs={"autocomplete": "off"}),
     )
 
+    # The same for the call answers held for review (attempt ids).
+    held_answers_shown = forms.CharField(
+        required=False, max_length=2000,
+        widget=forms.HiddenInput(attrs={"autocomplete": "off"}),
+    )
+
     def clean_held_shown(self) -> list[int]:
-        words = self.cleaned_data["held_shown"].split()
-        if not all(word.isdigit() and len(word) < 19 for word in words):
-            raise forms.ValidationError("The page is out of date; reload it.")
-        return [int(word) for word in words]
+        return _ids_shown(self.cleaned_data["held_shown"])
+
+    def clean_held_answers_shown(self) -> list[int]:
+        return _ids_shown(self.cleaned_data["held_answers_shown"])
+
+
+def _ids_shown(value: str) -> list[int]:
+    words = value.split()
+    if not all(word.isdigit() and len(word) < 19 for word in words):
+        raise forms.ValidationError("The page is out of date; reload it.")
+    return [int(word) for word in words]
 
 
 class ResolveForm(DecisionForm):

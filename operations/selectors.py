@@ -154,8 +154,12 @@ def dashboard_metrics(user) -> dict:
             operation__tenant_id__in=tenant_ids, kind=AttemptKind.CALL,
             error_class="version_conflict",
         ).values("operation_id").distinct().count(),
-        "held_for_review": webhooks_held_for_review(tenant_ids=tenant_ids)
-        .values("operation_id").distinct().count(),
+        "held_for_review": len(
+            set(webhooks_held_for_review(tenant_ids=tenant_ids).values_list(
+                "operation_id", flat=True))
+            | set(answers_held_for_review(tenant_ids=tenant_ids).values_list(
+                "operation_id", flat=True))
+        ),
         # Resolutions only: a dispute (also a person's evidence) puts an effect on hold.
         "manual_resolutions": Evidence.objects.filter(
             operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,
@@ -233,6 +237,28 @@ def webhooks_for_review_for_user(user, *, limit: int = 100) -> list[WebhookEvent
     )
 
 
+def answers_held_for_review(
+    *, tenant_ids: list[int] | None = None, operation: Operation | None = None
+) -> QuerySet[Attempt]:
+    """Call answers that arrived too late to land and contradict the journal (held as an
+    event reporting the same would be), that no person has answered yet."""
+    answers = Attempt.objects.held_for_review()
+    if operation is not None:
+        answers = answers.filter(operation=operation)
+    if tenant_ids is not None:
+        answers = answers.filter(operation__tenant_id__in=tenant_ids)
+    return answers
+
+
+def answers_for_review_for_user(user, *, limit: int = 100) -> list[Attempt]:
+    """For the operators' queue: the contradicting late answers, newest first."""
+    return list(
+        answers_held_for_review(tenant_ids=tenant_ids_for_user(user))
+        .select_related("operation", "operation__tenant")
+        .order_by("-finished_at", "-id")[:limit]
+    )
+
+
 def operations_unknown_count(user) -> int:
     """How many unknown operations the user may see (a range of the unknown partial index)."""
     return operations_for_user(user).filter(status=OperationStatus.UNKNOWN).count()
@@ -301,8 +327,13 @@ def operation_timeline(op) -> list[TimelineEntry]:
     for attempt in attempts:
         http = f"HTTP {attempt.http_status}" if attempt.http_status else ""
         account = f"account {attempt.provider_account}" if len(accounts) > 1 else ""
+        held = (
+            "" if not attempt.needs_review
+            else "held for review" if attempt.reviewed_at is None
+            else "held for review, answered by a person's decision"
+        )
         parts = (http, account, attempt.external_id, attempt.error_class,
-                 attempt.error_message[:200])
+                 attempt.error_message[:200], held)
         entry = TimelineEntry(
             at=attempt.started_at,
             kind="attempt",

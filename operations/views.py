@@ -34,6 +34,8 @@ from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus
 from operations.providers import adapter_for
 from operations.selectors import (
+    answers_for_review_for_user,
+    answers_held_for_review,
     keyset_page,
     operation_for_user,
     operation_superseded_by,
@@ -86,10 +88,13 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     # Only a full page can have more behind it; then say how many wait in all.
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
     held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    held_answers = answers_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
     # An auditor reads the same queue; it must not tell them to do what they may not.
     may_operate = tenants_for_user(request.user, "operate_operations").exists()
-    return render(request, "operations/unknown.html", {"rows": rows, "total": total,
-                                                       "held": held, "may_operate": may_operate})
+    return render(request, "operations/unknown.html", {
+        "rows": rows, "total": total, "held": held, "held_answers": held_answers,
+        "may_operate": may_operate,
+    })
 
 
 def _panel_context(
@@ -107,21 +112,24 @@ def _panel_context(
     can_reconcile = can_operate and reconcile_applies(op)
     forms = forms or {}
     held = list(webhooks_held_for_review(operation=op).order_by("received_at"))
-    held_shown = " ".join(str(event.id) for event in held)
+    held_answers = list(answers_held_for_review(operation=op).order_by("number"))
+    shown = {
+        "held_shown": " ".join(str(event.id) for event in held),
+        "held_answers_shown": " ".join(str(attempt.id) for attempt in held_answers),
+    }
     return {
         "op": op,
         "lease_expired": lease_expired(op),
         "timeline": operation_timeline(op),
         "held_for_review": held,
+        "held_answers": held_answers,
         "can_reconcile": can_reconcile,
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
         "can_dispute": can_operate and dispute_applies(op),
         "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
         "resolve_form": forms.get("resolve")
-        or ResolveForm(prefix="resolve",
-                       initial={"seen": op.status_changed_at, "held_shown": held_shown}),
-        "dispute_form": forms.get("dispute")
-        or DecisionForm(prefix="dispute", initial={"held_shown": held_shown}),
+        or ResolveForm(prefix="resolve", initial={"seen": op.status_changed_at, **shown}),
+        "dispute_form": forms.get("dispute") or DecisionForm(prefix="dispute", initial=shown),
         "notice": notice,
         "notice_level": notice_level,
         "seen": _seen(op),
@@ -266,6 +274,7 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
             provider_reference=data["provider_reference"].strip(),
             seen_status_changed_at=data.get("seen"),
             held_shown=data["held_shown"],
+            held_answers_shown=data["held_answers_shown"],
         )
         return f"Resolved as {op.status}."
 
@@ -279,7 +288,8 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
 def operation_dispute_view(request: HttpRequest, operation_id: str) -> HttpResponse:
     def act(op: Operation, data: dict[str, Any]) -> str:
         operation_dispute(operation_id=op.id, actor=request.user, reason=data["reason"],
-                          held_shown=data["held_shown"])
+                          held_shown=data["held_shown"],
+                          held_answers_shown=data["held_answers_shown"])
         return "Marked disputed: on hold until resolved."
 
     return _operator_action(

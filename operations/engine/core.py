@@ -217,11 +217,13 @@ def transition(
     reason: str = "",
     audit_facts: dict[str, Any] | None = None,
     held_shown: Collection[int] | None = None,
+    held_answers_shown: Collection[int] | None = None,
 ) -> bool:
     """One conditional UPDATE plus its evidence (and audit) row; True when this call won.
     `audit_facts`: what the person went by, for an auditor who reads the trail alone.
     `held_shown`: on a manual transition, the held provider events (ids) the person's page
-    showed, which their decision answers; None (a caller with no page): all of them."""
+    showed, which their decision answers; None (a caller with no page): all of them.
+    `held_answers_shown`: the same for held call answers (attempt ids)."""
     for source in sources:
         if not transitions.allowed(source, to, manual=manual):
             raise TransitionRefused(f"{source} → {to} is not in the transition table")
@@ -276,6 +278,13 @@ def transition(
             if reviewed:
                 held.update(reviewed_at=now)
                 payload["reviewed_events"] = reviewed
+            answers = Attempt.objects.held_for_review().filter(operation_id=op.id)
+            if held_answers_shown is not None:
+                answers = answers.filter(id__in=list(held_answers_shown))
+            reviewed_answers = sorted(answers.values_list("number", flat=True))
+            if reviewed_answers:
+                answers.update(reviewed_at=now)
+                payload["reviewed_answers"] = reviewed_answers
         if before["unknown_since"] is not None and to != S.UNKNOWN:
             payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
         Evidence.objects.create(

@@ -26,7 +26,11 @@ from operations.engine.core import (
 )
 from operations.engine.prepare import authorization_problem
 from operations.engine.reconcile import operation_reconcile
-from operations.engine.webhooks import webhook_events_decide_kept, webhook_events_kept_exist
+from operations.engine.webhooks import (
+    provider_report_held,
+    webhook_events_decide_kept,
+    webhook_events_kept_exist,
+)
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -35,7 +39,7 @@ from operations.models import (
     EvidenceKind,
     Operation,
     WebhookEvent,
-    no_event_held_for_review,
+    nothing_held_for_review,
 )
 from operations.policy import policy_version_current
 from operations.providers.base import (
@@ -157,7 +161,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             # The provider reported an effect of this operation that a person has not looked
             # at yet (made outside the console with its id, or a call a lookup proved absent
             # landing after all): a call now could be the second one.
-            no_event_held_for_review()
+            nothing_held_for_review()
         ).update(
             status=S.IN_PROGRESS,
             status_changed_at=now,
@@ -173,10 +177,16 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
                 WebhookEvent.objects.held_for_review().filter(operation_id=op.id)
                 .values_list("event_id", flat=True)
             )
-            if held and op.status == S.NOT_STARTED:
+            held_answers = list(
+                Attempt.objects.held_for_review().filter(operation_id=op.id)
+                .values_list("number", flat=True)
+            )
+            if (held or held_answers) and op.status == S.NOT_STARTED:
+                named = [*held, *(f"the answer to call {n}" for n in held_answers)]
                 return _left_to_a_person(
-                    op, code="held_for_review", data={"held_events": held},
-                    why=f"the provider reported an effect of this operation ({', '.join(held)}) "
+                    op, code="held_for_review",
+                    data={"held_events": held, "held_answers": held_answers},
+                    why=f"the provider reported an effect of this operation ({', '.join(named)}) "
                     "that is held for review",
                 )
             return ExecuteReport(op.id, "lost_claim", op.status, "another worker claimed it first")
@@ -269,6 +279,55 @@ def _hold_events_of_another_object(op: Operation, *, ours: str) -> None:
         outcome=f"held for review: the call's answer named {ours}, not this event's object, "
         "which settled the operation; a person decides"[:200],
     )
+
+
+def _late_answer_decide(
+    op: Operation, attempt: Attempt, result: CallResult, *, reported: str, worker: str
+) -> None:
+    """A definite answer that arrived too late to land: the operation moved on without it
+    (our lease ran out, and a lookup, an event or a person settled it). Decided as the
+    provider's event reporting the same would be: one that contradicts what the journal now
+    says (a payment after a person disputed it, a second object, an outcome closed as
+    failed) is held for a person, with a line on the timeline; one that agrees stays on its
+    attempt row."""
+    mismatch = (
+        core.adapter(op.action).disagreement(payload=op.payload, facts=result.result)
+        if result.error_class == core.NOT_THE_APPROVED_EFFECT else ""
+    )
+    with transaction.atomic():
+        locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
+        if locked.status == S.NOT_STARTED or (
+            locked.status == S.IN_PROGRESS and locked.lease_owner != worker
+        ):
+            # A lookup proved the call absent so far, and a call with the same key follows
+            # (or is under way): the provider answers that one with this same object.
+            return
+        why = provider_report_held(
+            locked, external_id=result.external_id, target=None if mismatch else reported,
+            mismatch=mismatch,
+        )
+        if mismatch and not why:
+            # Our call made an object that is not the approved effect: whatever the
+            # operation records now, a person looks at it.
+            why = f"{mismatch}; {op.id} stays {locked.status}, a person decides"
+        if not why:
+            return
+        Attempt.objects.filter(id=attempt.id).update(needs_review=True, review_note=why[:500])
+        Evidence.objects.create(
+            operation_id=op.id,
+            kind=EvidenceKind.CALL_RESULT,
+            from_status=locked.status,
+            to_status=locked.status,
+            summary=f"the answer to call {attempt.number} arrived late and is held for "
+            f"review: {why}",
+            data={
+                "attempt": attempt.number,
+                "http_status": result.http_status,
+                "provider_request_id": result.provider_request_id,
+                "external_id": result.external_id,
+                "reported": "" if mismatch else reported,
+            },
+        )
 
 
 _ATTEMPT_OUTCOME = {
@@ -434,6 +493,10 @@ def _record_call_result(
         decided = kept or (closes_unnamed and won)
         if decided:
             webhook_events_decide_kept(op_id=op.id)
+    if not won and result.external_id and (
+        to != S.UNKNOWN or result.error_class == core.NOT_THE_APPROVED_EFFECT
+    ):
+        _late_answer_decide(op, attempt, result, reported=to, worker=worker)
     if won and not decided:
         # The conditional UPDATE that won set exactly this status; no need to read it back.
         return ExecuteReport(op.id, "called", to, summary)

@@ -68,6 +68,7 @@ def operation_resolve(
     provider_reference: str = "",
     seen_status_changed_at: datetime | None = None,
     held_shown: Collection[int] | None = None,
+    held_answers_shown: Collection[int] | None = None,
 ) -> Operation:
     """An operator settles an unknown (or disputed) operation by what they verified. A
     provider reference is first confirmed at the provider: it must name this operation's
@@ -75,8 +76,8 @@ def operation_resolve(
 
     `seen_status_changed_at`: when the status the person looked at was set (the page says);
     refused if the operation has moved on since, say to accepted by a call made after.
-    `held_shown`: the held provider events the page showed, which the decision answers
-    (None: all of them)."""
+    `held_shown`, `held_answers_shown`: the held provider events and call answers the page
+    showed, which the decision answers (None: all of them)."""
     if outcome not in (S.SUCCEEDED, S.FAILED):
         raise TransitionRefused("resolve as succeeded or failed")
     reference = provider_reference.strip()
@@ -144,6 +145,7 @@ def operation_resolve(
             extra=Q(status_changed_at=seen_status_changed_at)
             if seen_status_changed_at is not None else None,
             held_shown=held_shown,
+            held_answers_shown=held_answers_shown,
         )
         if not won:
             op.refresh_from_db()
@@ -280,9 +282,10 @@ def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
 def operation_dispute(
     *, operation_id: str, actor: AbstractUser, reason: str,
     held_shown: Collection[int] | None = None,
+    held_answers_shown: Collection[int] | None = None,
 ) -> Operation:
     """Put an operation on hold: no webhook or lookup moves it until a person resolves it.
-    `held_shown`: as for operation_resolve."""
+    `held_shown`, `held_answers_shown`: as for operation_resolve."""
     if not reason.strip():
         raise TransitionRefused("a reason is required")
     person_text_check(reason=reason)
@@ -304,6 +307,7 @@ def operation_dispute(
         audit_action="operation.dispute",
         reason=reason,
         held_shown=held_shown,
+        held_answers_shown=held_answers_shown,
     )
     if not won:
         op.refresh_from_db()

@@ -23,6 +23,7 @@ from operations.intents import (
     intent_validate,
 )
 from operations.models import (
+    Attempt,
     Checkpoint,
     Evidence,
     EvidenceKind,
@@ -132,12 +133,18 @@ def operation_prepare(
                 .filter(operation_id=supersedes.id)
                 .values_list("event_id", flat=True)
             )
+            held += [
+                f"the answer to call {number}" for number in
+                Attempt.objects.held_for_review().filter(operation_id=supersedes.id)
+                .order_by("number").values_list("number", flat=True)
+            ]
             if held:
                 # The provider reported an effect of it after it was closed (a payment that
-                # settled after a person failed it, say): replaced before a person looks,
-                # the new intent's new key would make that effect a second time.
+                # settled after a person failed it, say), by an event or by the answer to a
+                # call that came too late: replaced before a person looks, the new intent's
+                # new key would make that effect a second time.
                 raise IntentError(
-                    f"{supersedes.id} has provider events held for review "
+                    f"{supersedes.id} has provider reports held for review "
                     f"({', '.join(held[:5])}): the provider may have carried it out after "
                     "all; a person decides (disputes or resolves it) before it is replaced"
                 )

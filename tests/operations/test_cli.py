@@ -263,7 +263,8 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
         "provider_calls": 0, "created_at": op.created_at.isoformat(),
         "attempts": [{"number": 1, "kind": "lookup", "outcome": "found", "http_status": 200,
                       "external_id": "pi_9", "provider_account": "acct_1a2b",
-                      "started_at": data["attempts"][0]["started_at"]}],
+                      "started_at": data["attempts"][0]["started_at"],
+                      "held_for_review": False, "review_note": ""}],
     }
 
 
@@ -271,3 +272,18 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
 def test_it_refuses_a_list_limit_below_one(acme_payment):
     with pytest.raises(CommandError, match="--limit must be at least 1"):
         _run("list", "--status", "not_started", "--limit", "0")
+
+
+@pytest.mark.django_db
+def test_it_shows_a_call_answer_held_for_review(acme_payment):
+    from operations.models import Attempt
+
+    Attempt.objects.create(
+        operation=acme_payment, number=1, kind="call", outcome="succeeded", external_id="pi_1",
+        needs_review=True, review_note="the provider reports succeeded (pi_1); stays disputed",
+    )
+    attempt = json.loads(_run("show", acme_payment.id, "--json"))["attempts"][0]
+    assert (attempt["held_for_review"], attempt["review_note"]) == (
+        True, "the provider reports succeeded (pi_1); stays disputed")
+    text = _run("show", acme_payment.id)
+    assert "held for review: the provider reports succeeded (pi_1); stays disputed" in text

@@ -656,7 +656,9 @@ def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
     intent = PaymentIntent.objects.get()
     assert op.status == S.DISPUTED and op.resolved_manually
     assert op.external_id == ""  # the late answer did not write over the operator's case
-    assert op.attempts.get(kind=AttemptKind.CALL).external_id == intent.id  # but is kept
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert call.external_id == intent.id  # but is kept, and held for the person who holds it
+    assert call.needs_review and call.reviewed_at is None
     assert len(payment_posts(op)) == 1
 
 

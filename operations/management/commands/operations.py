@@ -47,6 +47,9 @@ def _as_dict(op: Operation) -> dict[str, Any]:
                 "external_id": a.external_id,
                 "provider_account": a.provider_account,
                 "started_at": a.started_at.isoformat(),
+                # A late answer that contradicts the journal, until a person decides.
+                "held_for_review": a.needs_review and a.reviewed_at is None,
+                "review_note": a.review_note,
             }
             for a in op.attempts.order_by("number")
         ],
@@ -131,6 +134,7 @@ class Command(BaseCommand):
                 f"  attempt {a['number']} {a['kind']} {a['outcome']}"
                 f" http={a['http_status'] or '-'} external_id={a['external_id'] or '-'}"
                 f" at {a['started_at']}"
+                + (f"\n    held for review: {a['review_note']}" if a["held_for_review"] else "")
             )
 
     def _execute(self, options: dict[str, Any]) -> None:

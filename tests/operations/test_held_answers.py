@@ -1,0 +1,221 @@
+"""A call's answer that arrives after the operation moved on without it is decided as the
+provider's event reporting the same would be: when it contradicts what the journal now says
+(money moved after a person disputed it, a second payment), it is held for a person, not
+left as a line on the attempt row that nobody reads.
+
+Against the sandbox over real HTTP, with no webhooks delivered (a provider whose events are
+not set up): every test counts the provider's writes and objects.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from operations import engine
+from operations.engine.core import lease_expired
+from operations.intents import IntentError
+from operations.models import Attempt, AttemptKind, Operation, OperationStatus
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.selectors import sandbox_writes
+from operations.sandbox.services import sandbox_payment_create
+from operations.selectors import answers_held_for_review, dashboard_metrics
+from tests.helpers import signed_in, wait_for
+from tests.operations.engine_helpers import (
+    PAYMENT,
+    authorized_payment,
+    executing_in_flight,
+)
+
+S = OperationStatus
+
+
+def answered_after_the_lease(op: Operation, settings, *, meanwhile) -> None:
+    """Execute `op` while the sandbox holds the call back past the worker's 1 s lease; once
+    the lease has run out, `meanwhile()` moves the operation on; then the answer arrives."""
+    settings.OPERATION_LEASE_SECONDS = 1
+    call = executing_in_flight(op, settings, fault="delay", seconds=3)
+    wait_for(lambda: lease_expired(Operation.objects.get(id=op.id)), what="the lease to end")
+    meanwhile()
+    call.join()
+
+
+def payment_posts(op: Operation) -> int:
+    return len(sandbox_writes(provider="payments", operation_id=op.id))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_answered_after_a_person_disputed_the_operation_until_resolved(
+    acme, approver, operator, other_tenant_user, sandbox, settings
+):
+    op = authorized_payment(acme, approver)
+    answered_after_the_lease(op, settings, meanwhile=lambda: engine.operation_dispute(
+        operation_id=op.id, actor=operator, reason="the worker looks stuck; treasury checks"))
+
+    op.refresh_from_db()
+    ours = PaymentIntent.objects.get(metadata__operation_id=op.id)
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert (op.status, op.external_id) == (S.DISPUTED, "")  # the person's hold stands
+    assert list(answers_held_for_review(operation=op)) == [call], (
+        "the provider says the payment went through, and the person who holds it is not told")
+    assert call.external_id == ours.id and call.review_note == (
+        f"the provider reports succeeded ({ours.id}); {op.id} stays disputed by an operator's "
+        "decision"
+    )
+    held = op.evidence.get(summary__contains="arrived late and is held for review")
+    assert (held.from_status, held.to_status, held.data["external_id"]) == (
+        S.DISPUTED, S.DISPUTED, ours.id)
+    assert payment_posts(op) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 1
+
+    client = signed_in(operator)
+    assert dashboard_metrics(operator)["held_for_review"] == 1
+    assert dashboard_metrics(other_tenant_user)["held_for_review"] == 0
+    queue = client.get("/operations/unknown/").content.decode()
+    assert 'id="held"' in queue and "The late answer to call 1" in queue and ours.id in queue
+    assert op.id not in signed_in(other_tenant_user).get("/operations/unknown/").content.decode()
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    assert "The provider disagrees with the journal" in page and "The answer to call 1" in page
+
+    # The person checks at the provider and resolves it from the page they read.
+    shown = re.search(r'name="resolve-held_answers_shown" value="([^"]*)"', page)
+    assert shown and shown.group(1) == str(call.id)
+    response = client.post(f"/operations/{op.id}/resolve", {
+        "resolve-outcome": "succeeded", "resolve-evidence": "the payment went through",
+        "resolve-provider_reference": ours.id, "resolve-reason": "checked at the provider",
+        "resolve-seen": op.status_changed_at.isoformat(),
+        "resolve-held_shown": "", "resolve-held_answers_shown": shown.group(1),
+    })
+    assert response.status_code == 302
+
+    op.refresh_from_db()
+    call.refresh_from_db()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, ours.id)
+    assert call.needs_review and call.reviewed_at is not None  # answered, and the record says
+    assert op.evidence.filter(kind="manual").last().data["reviewed_answers"] == [1]
+    assert not answers_held_for_review(operation=op).exists()
+    assert dashboard_metrics(operator)["held_for_review"] == 0
+    assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
+    assert payment_posts(op) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_second_payment_answered_after_a_lookup_settled_the_operation_with_another(
+    acme, approver, sandbox, settings
+):
+    op = authorized_payment(acme, approver)
+    other: dict = {}
+
+    def another_payment_found_by_the_sweep() -> None:
+        # A payment carrying the operation is made outside the console while our call is
+        # held back; the sweep's lookup finds it and settles the operation with it.
+        other.update(sandbox_payment_create(
+            amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(),
+            confirm=True, metadata={"operation_id": op.id, "tenant": acme.slug},
+        ))
+        engine.operation_reconcile(operation_id=op.id)
+        assert Operation.objects.get(id=op.id).external_id == other["id"]
+
+    answered_after_the_lease(op, settings, meanwhile=another_payment_found_by_the_sweep)
+
+    op.refresh_from_db()
+    ours = PaymentIntent.objects.exclude(id=other["id"]).get()
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert (op.status, op.external_id) == (S.SUCCEEDED, other["id"])
+    assert call.external_id == ours.id
+    assert list(answers_held_for_review(operation=op)) == [call], (
+        "two payments for one intent, and only an attempt row knows")
+    assert call.review_note.startswith(
+        f"the provider reports a second effect, {ours.id} (succeeded), carrying {op.id}")
+    assert payment_posts(op) == op.provider_calls == 1
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_nothing_when_the_late_answer_names_the_payment_a_lookup_settled(
+    acme, approver, sandbox, settings
+):
+    op = authorized_payment(acme, approver)
+    settings.OPERATION_LEASE_SECONDS = 1
+    # The payment is made, its answer held back: the sweep's lookup finds it and settles
+    # the operation; then the answer arrives, about the same payment.
+    call = executing_in_flight(op, settings, fault="commit_then_drop", seconds=3, timeout=8)
+    wait_for(lambda: lease_expired(Operation.objects.get(id=op.id)), what="the lease to end")
+    engine.operation_reconcile(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == S.SUCCEEDED
+    call.join()
+
+    op.refresh_from_db()
+    ours = PaymentIntent.objects.get()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, ours.id)
+    assert not answers_held_for_review(operation=op).exists()
+    assert not op.evidence.filter(summary__contains="held for review").exists()
+    assert payment_posts(op) == op.provider_calls == 1
+
+
+def held_answer(op: Operation) -> Attempt:
+    """Test-only: what `_late_answer_decide` leaves on a call whose late answer contradicted
+    the journal."""
+    call = Attempt.objects.create(
+        operation=op, number=1, kind=AttemptKind.CALL, outcome="succeeded",
+        external_id="pi_late", needs_review=True,
+        review_note=f"the provider reports succeeded (pi_late); {op.id} stays {op.status}",
+    )
+    Operation.objects.filter(id=op.id).update(provider_calls=1)
+    return call
+
+
+@pytest.mark.django_db
+def test_it_refuses_to_supersede_an_intent_with_a_held_answer(acme, approver):
+    op = authorized_payment(acme, approver)
+    engine.operation_cancel(operation_id=op.id, actor=None, reason="the agent changed its mind")
+    held_answer(op)
+
+    with pytest.raises(IntentError, match="the answer to call 1"):
+        engine.operation_prepare(
+            tenant=acme, action="payments.create", supersedes=op,
+            payload={**PAYMENT, "amount_minor": PAYMENT["amount_minor"] + 1},
+        )
+    assert not Operation.objects.filter(supersedes=op).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_no_call_for_an_operation_with_a_held_answer(acme, approver, sandbox):
+    op = authorized_payment(acme, approver)
+    held_answer(op)
+
+    report = engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (report.outcome, op.status, op.next_reconcile_at) == (
+        "held_for_review", S.UNKNOWN, None)
+    assert op.evidence.last().data["held_answers"] == [1]
+    assert payment_posts(op) == 0 and PaymentIntent.objects.count() == 0
+    assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_of_another_sum_answered_after_the_lease_ran_out(
+    acme, approver, sandbox, settings, monkeypatch
+):
+    from operations.providers.payments import PaymentsCreateAdapter
+
+    op = authorized_payment(acme, approver)
+    sent_params = PaymentsCreateAdapter.params
+    # A faulty provider (or a proxy rewriting the request) moves a sum nobody approved.
+    monkeypatch.setattr(PaymentsCreateAdapter, "params", lambda self, snapshot: {
+        **sent_params(self, snapshot), "amount": "99900"})
+    # The sweep's lookup runs before the payment is made: nothing yet, still unknown.
+    answered_after_the_lease(op, settings, meanwhile=lambda: engine.operation_reconcile(
+        operation_id=op.id))
+
+    op.refresh_from_db()
+    stray = PaymentIntent.objects.get()
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert (op.status, op.external_id) == (S.UNKNOWN, "")
+    assert list(answers_held_for_review(operation=op)) == [call]
+    assert call.review_note == (
+        f"{stray.id} is for 99900 KZT, the approved intent for 1250000 KZT (minor units); "
+        f"{op.id} stays unknown, a person decides")
+    assert payment_posts(op) == op.provider_calls == 1

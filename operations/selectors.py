@@ -219,12 +219,15 @@ def webhooks_held_for_review(
     """Provider events held for a person (they contradict what a person decided, or report an
     effect that is not the approved one) that no person has answered yet: disputing or
     resolving the operation does."""
-    events = WebhookEvent.objects.held_for_review()
+    return _held_of(WebhookEvent.objects.held_for_review(), tenant_ids, operation)
+
+
+def _held_of(held: QuerySet, tenant_ids: list[int] | None, operation: Operation | None):
     if operation is not None:
-        events = events.filter(operation=operation)
+        held = held.filter(operation=operation)
     if tenant_ids is not None:
-        events = events.filter(operation__tenant_id__in=tenant_ids)
-    return events
+        held = held.filter(operation__tenant_id__in=tenant_ids)
+    return held
 
 
 def webhooks_for_review_for_user(user, *, limit: int = 100) -> list[WebhookEvent]:
@@ -242,12 +245,7 @@ def answers_held_for_review(
 ) -> QuerySet[Attempt]:
     """Call answers that arrived too late to land and contradict the journal (held as an
     event reporting the same would be), that no person has answered yet."""
-    answers = Attempt.objects.held_for_review()
-    if operation is not None:
-        answers = answers.filter(operation=operation)
-    if tenant_ids is not None:
-        answers = answers.filter(operation__tenant_id__in=tenant_ids)
-    return answers
+    return _held_of(Attempt.objects.held_for_review(), tenant_ids, operation)
 
 
 def answers_for_review_for_user(user, *, limit: int = 100) -> list[Attempt]:

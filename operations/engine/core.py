@@ -268,23 +268,21 @@ def transition(
             return False
         payload = dict(data or {})
         if manual:
-            # A person's decision on the operation answers the provider events held for
-            # them that they saw: those leave the queue now, and the record says which.
-            held = WebhookEvent.objects.held_for_review().filter(operation_id=op.id)
-            if held_shown is not None:
-                # One that arrived while the person was deciding stays for them to see.
-                held = held.filter(id__in=list(held_shown))
-            reviewed = sorted(held.values_list("event_id", flat=True))
-            if reviewed:
-                held.update(reviewed_at=now)
-                payload["reviewed_events"] = reviewed
-            answers = Attempt.objects.held_for_review().filter(operation_id=op.id)
-            if held_answers_shown is not None:
-                answers = answers.filter(id__in=list(held_answers_shown))
-            reviewed_answers = sorted(answers.values_list("number", flat=True))
-            if reviewed_answers:
-                answers.update(reviewed_at=now)
-                payload["reviewed_answers"] = reviewed_answers
+            # A person's decision on the operation answers the provider events and call
+            # answers held for them that they saw: those leave the queue now, and the record
+            # says which.
+            for manager, shown, name, key in (
+                (WebhookEvent.objects, held_shown, "event_id", "reviewed_events"),
+                (Attempt.objects, held_answers_shown, "number", "reviewed_answers"),
+            ):
+                held = manager.held_for_review().filter(operation_id=op.id)
+                if shown is not None:
+                    # One that arrived while the person was deciding stays for them to see.
+                    held = held.filter(id__in=list(shown))
+                reviewed = sorted(held.values_list(name, flat=True))
+                if reviewed:
+                    held.update(reviewed_at=now)
+                    payload[key] = reviewed
         if before["unknown_since"] is not None and to != S.UNKNOWN:
             payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
         Evidence.objects.create(

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from operations.ids import new_id
+from operations.models.tenancy import Tenant
+
+
+def _run_id() -> str:
+    return new_id("run")
+
+
+def _checkpoint_id() -> str:
+    return new_id("cp")
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    WAITING_APPROVAL = "waiting_approval", "Waiting for approval"
+    PAUSED = "paused", "Paused"
+    FAILED = "failed", "Failed"
+    SUCCEEDED = "succeeded", "Succeeded"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class RunMode(models.TextChoices):
+    ORIGINAL = "original", "Original"
+    EVIDENCE = "evidence", "Evidence (recorded outputs, no calls)"
+    SIMULATION = "simulation", "Simulation (sandbox providers only)"
+    LIVE = "live", "Live (real calls)"
+    BRANCH = "branch", "Branch with change"
+
+
+class Run(models.Model):
+    """One execution of a workflow graph. A replay or a branch is a new run."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=_run_id, editable=False)
+    conversation_id = models.CharField(max_length=40, db_index=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    workflow_name = models.CharField(max_length=100)
+    workflow_version = models.PositiveIntegerField()
+    state_schema_version = models.PositiveIntegerField()
+    status = models.CharField(max_length=20, choices=RunStatus, default=RunStatus.RUNNING)
+    parent_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    parent_checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    launch_reason = models.TextField(blank=True)
+    mode = models.CharField(max_length=20, choices=RunMode, default=RunMode.ORIGINAL)
+    launched_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(mode__in=RunMode.values), name="run_mode_valid"
+            ),
+            # Lineage is all or nothing: a derived run names its parent and its reason.
+            models.CheckConstraint(
+                condition=models.Q(mode=RunMode.ORIGINAL, parent_run__isnull=True)
+                | (
+                    ~models.Q(mode=RunMode.ORIGINAL)
+                    & models.Q(parent_run__isnull=False, parent_checkpoint__isnull=False)
+                ),
+                name="run_lineage_complete",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class InputClass(models.TextChoices):
+    RECORDED_FACT = "recorded_fact", "Recorded fact"
+    REPEATABLE = "repeatable", "Repeatable computation"
+    LIVE_REQUEST = "live_request", "Live request"
+
+
+class Checkpoint(models.Model):
+    """An immutable snapshot of a run's state after a node; a trigger refuses changes."""
+
+    id = models.CharField(
+        primary_key=True, max_length=40, default=_checkpoint_id, editable=False
+    )
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="checkpoints")
+    sequence = models.PositiveIntegerField()
+    node = models.CharField(max_length=100)
+    state = models.JSONField()
+    state_hash = models.CharField(max_length=71)
+    # Recorded LLM responses and tool reads at this node, each tagged with its InputClass.
+    recorded_inputs = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "sequence"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "sequence"], name="checkpoint_run_sequence"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id

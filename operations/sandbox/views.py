@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
 from operations.providers.signing import digests_equal
-from operations.sandbox import selectors, services
+from operations.sandbox import selectors, serializers, services
 from operations.sandbox.models import (
     Deal,
     FaultKind,
@@ -259,7 +259,7 @@ def _payment_made(
         needs_action=request.sandbox_fault == FaultKind.REQUIRES_ACTION,
     )
     if declined:
-        return JsonResponse(services.card_declined_json(body), status=402)
+        return JsonResponse(serializers.card_declined_json(body), status=402)
     return JsonResponse(body)
 
 
@@ -319,7 +319,7 @@ def payment_intents_search(request: HttpRequest, params: Params) -> HttpResponse
         "object": "search_result",
         "url": "/v1/payment_intents/search",
         "has_more": False,
-        "data": [services.payment_intent_json(intent) for intent in intents],
+        "data": [serializers.payment_intent_json(intent) for intent in intents],
     })
 
 
@@ -331,7 +331,7 @@ def payment_intent(request: HttpRequest, params: Params, intent_id: str) -> Http
     if intent is None:
         return error(404, type="invalid_request_error", code="resource_missing",
                      message=f"No such payment_intent: '{intent_id}'", param="intent")
-    return JsonResponse(services.payment_intent_json(intent))
+    return JsonResponse(serializers.payment_intent_json(intent))
 
 
 # --- CRM ----------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def deals(request: HttpRequest, params: Params) -> HttpResponse:
         found = Deal.objects.all()
         if "agent_operation_id" in params:
             found = found.filter(agent_operation_id=params["agent_operation_id"])
-        return JsonResponse({"data": [services.deal_json(deal) for deal in found[:100]]})
+        return JsonResponse({"data": [serializers.deal_json(deal) for deal in found[:100]]})
     if request.method != "POST":
         return _not_allowed(request)
     fields, problem = _deal_fields(params)
@@ -397,7 +397,7 @@ def deals(request: HttpRequest, params: Params) -> HttpResponse:
             409, type="invalid_request_error", code="resource_already_exists",
             message=str(exc), existing_id=exc.deal.id,
         )
-    return JsonResponse(services.deal_json(created), status=201)
+    return JsonResponse(serializers.deal_json(created), status=201)
 
 
 @endpoint(Provider.CRM)
@@ -407,7 +407,7 @@ def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
         return error(404, type="invalid_request_error", code="resource_missing",
                      message=f"No such deal: '{deal_id}'")
     if request.method == "GET":
-        return JsonResponse(services.deal_json(current))
+        return JsonResponse(serializers.deal_json(current))
     if request.method != "PATCH":
         return _not_allowed(request)
     expected = params.get("expected_version")
@@ -434,9 +434,9 @@ def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
         return error(
             409, type="invalid_request_error", code="version_conflict",
             message=f"deal {deal_id} is at version {updated.version}, not {expected}",
-            current_version=updated.version, current=services.deal_json(updated),
+            current_version=updated.version, current=serializers.deal_json(updated),
         )
-    return JsonResponse(services.deal_json(updated))
+    return JsonResponse(serializers.deal_json(updated))
 
 
 # --- mail ---------------------------------------------------------------------------------
@@ -448,7 +448,7 @@ def messages(request: HttpRequest, params: Params) -> HttpResponse:
         found = Message.objects.all()
         if "idempotency_key" in params:
             found = found.filter(idempotency_key=params["idempotency_key"])
-        return JsonResponse({"data": [services.message_json(m) for m in found[:100]]})
+        return JsonResponse({"data": [serializers.message_json(m) for m in found[:100]]})
     if request.method != "POST":
         return _not_allowed(request)
     to, template = params.get("to"), params.get("template")
@@ -471,7 +471,7 @@ def messages(request: HttpRequest, params: Params) -> HttpResponse:
             400, type="idempotency_error", code="idempotency_key_reused",
             message="This idempotency key was used with other parameters.",
         )
-    return JsonResponse(services.message_json(message), status=202)
+    return JsonResponse(serializers.message_json(message), status=202)
 
 
 @endpoint(Provider.MAIL)
@@ -482,4 +482,4 @@ def message(request: HttpRequest, params: Params, message_id: str) -> HttpRespon
     if found is None:
         return error(404, type="invalid_request_error", code="resource_missing",
                      message=f"No such message: '{message_id}'")
-    return JsonResponse(services.message_json(found))
+    return JsonResponse(serializers.message_json(found))

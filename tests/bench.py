@@ -85,37 +85,53 @@ def _wait_http(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def _cpu_seconds(procs: list[subprocess.Popen]) -> dict[str, float] | None:
-    """CPU seconds used so far by each kind of process (psutil, when installed)."""
+CpuSnapshot = dict[str, dict[int, float]]
+
+
+def _cpu_seconds(procs: list[subprocess.Popen]) -> CpuSnapshot | None:
+    """CPU seconds used so far by each process, by kind (psutil, when installed)."""
     try:
         import psutil
     except ImportError:
         return None
 
-    def tree(pid: int) -> float:
-        total = 0.0
+    def seconds(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return times.user + times.system
+
+    def tree(pid: int) -> dict[int, float]:
+        found: dict[int, float] = {}
         try:
             root = psutil.Process(pid)
             for proc in [root, *root.children(recursive=True)]:
-                times = proc.cpu_times()
-                total += times.user + times.system
+                found[proc.pid] = seconds(proc)
         except psutil.Error:
             pass
-        return total
+        return found
 
-    servers = {"postgres": 0.0, "redis": 0.0}
+    servers: CpuSnapshot = {"postgres": {}, "redis": {}}
     for proc in psutil.process_iter(["name"]):
         name = proc.info["name"] or ""
         kind = "postgres" if name.startswith("postgres") else "redis" if "redis" in name else ""
         if kind:
             try:
-                times = proc.cpu_times()
-                servers[kind] += times.user + times.system
+                servers[kind][proc.pid] = seconds(proc)
             except psutil.Error:
                 pass
-    own = psutil.Process().cpu_times()
+    own = psutil.Process()
     return {"sandbox (gunicorn)": tree(procs[0].pid), "worker (celery)": tree(procs[1].pid),
-            **servers, "bench": own.user + own.system}
+            **servers, "bench": {own.pid: seconds(own)}}
+
+
+def _cpu_used(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
+    """CPU seconds each kind used between two snapshots, counted per process: a database
+    backend that ends meanwhile (a connection past CONN_MAX_AGE is replaced) must not take
+    its whole life's CPU off the total. What such a process used after `before` is missed,
+    so these are lower bounds."""
+    return {
+        kind: sum(used - before[kind].get(pid, 0.0) for pid, used in after[kind].items())
+        for kind in before
+    }
 
 
 def _authorized_payments(tenant, count: int) -> list[str]:
@@ -224,21 +240,22 @@ def bench_end_to_end(env: dict[str, str]) -> tuple[float, float]:
         say(f"end to end: {done} operations in {elapsed:.2f}s = {rate:.0f} ops/s "
             f"(target >= 200/s); statuses {statuses}; sandbox payments {payments}")
         if cpu_before and cpu_after and done:
-            # Backends that ended during the run are missed, so postgres is a lower bound.
+            used = _cpu_used(cpu_before, cpu_after)
             say("end to end: CPU ms per operation: " + ", ".join(
-                f"{kind} {(cpu_after[kind] - cpu_before[kind]) / done * 1000:.1f}"
-                for kind in cpu_before if kind != "bench")
-                + f", bench (enqueue, poll) "
-                f"{(cpu_after['bench'] - cpu_before['bench']) / done * 1000:.1f}")
+                f"{kind} {used[kind] / done * 1000:.1f}" for kind in used if kind != "bench")
+                + f", bench (enqueue, poll) {used['bench'] / done * 1000:.1f}")
             # What the cores allow at that cost, whatever the concurrency: the rate above is
             # read against it (waiting and idle cores lower it, more cores raise it).
-            per_op = sum(cpu_after[k] - cpu_before[k] for k in cpu_before) / done
+            per_op = sum(used.values()) / done
             cores = len(os.sched_getaffinity(0))
             say(f"end to end: {per_op * 1000:.1f} ms of CPU per operation in all; {cores} "
                 f"cores allow at most {cores / per_op:.0f} ops/s at that cost")
+            e2e_cpu = {kind: seconds / done for kind, seconds in used.items()}
+        else:
+            e2e_cpu = None
         if payments != E2E_OPERATIONS:
             say(f"WARNING: {payments} payments for {E2E_OPERATIONS} operations")
-        alone = bench_provider_alone(port, procs)
+        alone = bench_provider_alone(port, procs, e2e_cpu=e2e_cpu)
         return rate, alone
     finally:
         for proc in procs:
@@ -251,9 +268,13 @@ def bench_end_to_end(env: dict[str, str]) -> tuple[float, float]:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def bench_provider_alone(port: int, procs: list[subprocess.Popen]) -> float:
+def bench_provider_alone(
+    port: int, procs: list[subprocess.Popen], *, e2e_cpu: dict[str, float] | None
+) -> float:
     """The same payment creates sent straight to the sandbox by a bare HTTP client: what the
-    provider stand-in alone costs these two cores, without our worker or journal."""
+    provider stand-in alone costs these two cores, without our worker or journal. With the
+    end-to-end run's CPU per operation (`e2e_cpu`, seconds by kind), also what our side alone
+    costs: the worker, and PostgreSQL less the provider's share of it."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -280,10 +301,21 @@ def bench_provider_alone(port: int, procs: list[subprocess.Popen]) -> float:
     say(f"provider alone: {ok} sandbox payment creates in {elapsed:.2f}s = "
         f"{ok / elapsed:.0f} requests/s from a bare client (no worker, no journal)")
     if cpu_before and cpu_after and ok:
+        used = _cpu_used(cpu_before, cpu_after)
         say("provider alone: CPU ms per request: " + ", ".join(
-            f"{kind} {(cpu_after[kind] - cpu_before[kind]) / ok * 1000:.1f}"
+            f"{kind} {used[kind] / ok * 1000:.1f}"
             for kind in ("sandbox (gunicorn)", "postgres", "redis"))
-            + f", the client {(cpu_after['bench'] - cpu_before['bench']) / ok * 1000:.1f}")
+            + f", the client {used['bench'] / ok * 1000:.1f}")
+        if e2e_cpu:
+            # A real provider's CPU is never on our cores. The provider's PostgreSQL work per
+            # create is the same whoever sends it, so ours is the end-to-end share less that.
+            ours_pg = max(e2e_cpu["postgres"] - used["postgres"] / ok, 0.0)
+            ours = e2e_cpu["worker (celery)"] + ours_pg
+            cores = len(os.sched_getaffinity(0))
+            say(f"our side alone: worker {e2e_cpu['worker (celery)'] * 1000:.1f} ms + its "
+                f"PostgreSQL {ours_pg * 1000:.1f} ms of CPU per operation; with the provider "
+                f"on other machines, {cores} cores would allow at most {cores / ours:.0f} "
+                "ops/s (an estimate)")
     return ok / elapsed
 
 

@@ -155,7 +155,7 @@ def test_it_holds_nothing_when_the_late_answer_names_the_payment_a_lookup_settle
 
 
 def held_answer(op: Operation) -> Attempt:
-    """Test-only: what `_late_answer_decide` leaves on a call whose late answer contradicted
+    """Test-only: what `late_answer_decide` leaves on a call whose late answer contradicted
     the journal."""
     call = Attempt.objects.create(
         operation=op, number=1, kind=AttemptKind.CALL, outcome="succeeded",

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -163,3 +164,61 @@ def worker_pool(transactional_db, celery_queue):
     pool = WorkerPool(celery_queue, env)
     yield pool
     pool.stop()
+
+
+# --- a real browser: Playwright driving Debian's Chromium (no downloads) ----------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def _async_unsafe_allowed() -> Iterator[None]:
+    """Playwright's sync API runs an event loop in this thread; the ORM calls stay sync.
+
+    Set for the modules whose tests drive a browser only: set at import it would leak into
+    every subprocess of the session (`check --deploy` warns about it)."""
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def browser(_async_unsafe_allowed) -> Iterator:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's Chromium "
+            "(apt-get install -y --no-install-recommends chromium); .ci/run does this."
+        )
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator:
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    problems: list[str] = []
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+
+    def on_console(msg) -> None:
+        # CSP violations and script errors land here; the browser's own favicon probe is not ours.
+        if msg.type == "error" and not msg.location.get("url", "").endswith("/favicon.ico"):
+            problems.append(msg.text)
+
+    page.on("console", on_console)
+    page.problems = problems
+    yield page
+    context.close()

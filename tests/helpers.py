@@ -13,6 +13,8 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
+from tests.factories import PASSWORD
+
 
 def signed_in(user, **kwargs: Any) -> Client:
     """A test client with `user` signed in."""
@@ -80,3 +82,11 @@ def migrated_back_to(targets: list[tuple[str, str]]) -> Iterator[Callable]:
         yield forward
     finally:
         forward(executor.loader.graph.leaf_nodes())
+
+
+def browser_sign_in(page, live_server, username: str) -> None:
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")

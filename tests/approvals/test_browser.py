@@ -2,83 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from playwright.sync_api import expect
 
 from approvals.models import Approval, ApprovalStatus
 from operations.models import Operation, OperationStatus
 from tests.approvals.conftest import BENEFICIARY
-from tests.factories import PASSWORD
-from tests.helpers import wait_for
+from tests.helpers import browser_sign_in, wait_for
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _async_unsafe_allowed() -> Iterator[None]:
-    """Playwright's sync API runs an event loop in this thread; the ORM calls stay sync.
-
-    Set for this module's tests only: set at import it would leak into every subprocess of
-    the session (`check --deploy` warns about it)."""
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if previous is None:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture(scope="module")
-def browser(_async_unsafe_allowed) -> Iterator:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's Chromium "
-            "(apt-get install -y --no-install-recommends chromium); .ci/run does this."
-        )
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser) -> Iterator:
-    context = browser.new_context()
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
-
-    def on_console(msg) -> None:
-        # CSP violations and script errors land here; the browser's own favicon probe is not ours.
-        if msg.type == "error" and not msg.location.get("url", "").endswith("/favicon.ico"):
-            problems.append(msg.text)
-
-    page.on("console", on_console)
-    page.problems = problems
-    yield page
-    context.close()
-
-
-def _sign_in(page, live_server, username: str) -> None:
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
@@ -91,7 +23,7 @@ def test_it_lets_an_approver_approve_in_place_and_the_payment_runs_once(
     )
     approval = prepare_payment(acme)
 
-    _sign_in(page, live_server, "approver")
+    browser_sign_in(page, live_server, "approver")
     page.click("nav >> text=Approvals")
     page.wait_for_url(f"{live_server.url}/approvals/")
     card = page.locator(f"#card-{approval.id}")
@@ -135,7 +67,7 @@ def test_it_shows_a_superseded_intents_diff(
     old = prepare_payment(acme)
     new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_350_000)
 
-    _sign_in(page, live_server, "approver")
+    browser_sign_in(page, live_server, "approver")
     page.goto(f"{live_server.url}/approvals/")
     card = page.locator(f"#card-{new.id}")
     old_amount = card.locator(".diff del.old", has_text="12,500.00 KZT")
@@ -163,7 +95,7 @@ def test_it_fits_a_phone_screen_without_sideways_scrolling(
     context = browser.new_context(viewport={"width": 390, "height": 844})
     page = context.new_page()
     try:
-        _sign_in(page, live_server, "approver")
+        browser_sign_in(page, live_server, "approver")
         for path in ("/", "/approvals/", f"/approvals/{approval.id}/", "/operations/",
                      f"/operations/{approval.operation_id}/", "/runs/"):
             page.goto(f"{live_server.url}{path}")
@@ -191,7 +123,7 @@ def test_it_holds_the_queue_refresh_while_an_approver_types(
     context = browser.new_context(viewport={"width": 1280, "height": 500})
     page = context.new_page()
     try:
-        _sign_in(page, live_server, "approver")
+        browser_sign_in(page, live_server, "approver")
         page.goto(f"{live_server.url}/approvals/")
         polls: list[str] = []
         page.on("request", lambda r: polls.append(r.url)
@@ -219,7 +151,7 @@ def test_it_holds_the_queue_refresh_while_an_approver_types(
 def test_it_shows_the_filter_of_the_page_back_brings_back(
     live_server, transactional_db, acme, operator, page
 ):
-    _sign_in(page, live_server, "operator")
+    browser_sign_in(page, live_server, "operator")
     # The first Tab offers a way past the menu, straight to the page.
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
@@ -245,13 +177,13 @@ def test_it_says_why_an_approve_from_a_page_older_than_the_sign_in_did_nothing(
     live_server, transactional_db, acme, approver, prepare_payment, page
 ):
     approval = prepare_payment(acme)
-    _sign_in(page, live_server, "approver")
+    browser_sign_in(page, live_server, "approver")
     page.goto(f"{live_server.url}/approvals/")
     # Another tab: signed out and in again, which renews the token this page still holds.
     other = page.context.new_page()
     other.goto(f"{live_server.url}/")
     other.get_by_role("button", name="Sign out").click()
-    _sign_in(other, live_server, "approver")
+    browser_sign_in(other, live_server, "approver")
     other.close()
 
     card = page.locator(f"#card-{approval.id}")

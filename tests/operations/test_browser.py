@@ -1,0 +1,71 @@
+"""The operator's path in a real browser: from the journal to the unknown queue, to an
+operation's page, and a resolution the provider confirms, answered in place by htmx."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.selectors import sandbox_requests, sandbox_writes
+from operations.sandbox.services import sandbox_payment_create
+from tests.helpers import browser_sign_in
+
+pytestmark = pytest.mark.browser
+
+
+def test_it_lets_an_operator_resolve_an_unknown_payment_from_its_page(
+    live_server, transactional_db, sandbox, acme_unknown, operator, page
+):
+    op = acme_unknown
+    hash_before = op.payload_hash
+    # The payment the lost answer was about, as the operator finds it in the provider's
+    # dashboard (made at the sandbox directly: no request logged).
+    payment_id = sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True,
+    )["id"]
+
+    browser_sign_in(page, live_server, "operator")
+    page.click("nav >> text=Operations")
+    page.get_by_role("link", name="Unknown queue — oldest first").click()
+    page.wait_for_url(f"{live_server.url}/operations/unknown/")
+    page.get_by_role("link", name=op.id).click()
+    page.wait_for_url(f"{live_server.url}/operations/{op.id}/")
+    panel = page.locator("#operation-panel")
+    assert "Unknown" in panel.locator(".status").first.inner_text()
+
+    page.evaluate("window.__notReloaded = true")
+    page.fill("#id_resolve-evidence", f"{payment_id} succeeded in the provider's dashboard")
+    page.fill("#id_resolve-provider_reference", payment_id)
+    page.fill("#id_resolve-reason", "the customer confirmed the transfer")
+    with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/resolve")) as answer:
+        page.get_by_role("button", name="Resolve as succeeded").click()
+    assert answer.value.request.headers.get("hx-request") == "true"
+
+    expect(panel.locator(".status").first).to_have_text("Succeeded")
+    assert page.evaluate("window.__notReloaded === true")
+    # The buttons went with the swap: focus lands on what the answer says, not on <body>.
+    expect(panel.locator("[role=status]")).to_be_focused()
+    expect(panel).to_contain_text("set by an operator")
+    expect(panel).to_contain_text(payment_id)
+    expect(panel.locator("form.operator-action")).to_have_count(1)  # only Mark disputed left
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually, op.payload_hash) == (
+        "succeeded", payment_id, True, hash_before
+    )
+    # The reference was asked about once, by id; nothing was created or changed at the
+    # provider, and the one payment there is the one the person named.
+    (lookup,) = sandbox_requests(provider="payments")
+    assert (lookup.method, lookup.path.rsplit("/", 1)[-1]) == ("GET", payment_id)
+    assert not sandbox_writes(provider="payments").exists()
+    assert list(PaymentIntent.objects.values_list("id", flat=True)) == [payment_id]
+    (audit,) = AuditEvent.objects.filter(object_id=op.id, action="operation.resolve_succeeded")
+    assert (audit.actor, audit.reason) == (operator, "the customer confirmed the transfer")
+    assert Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).count() == 1
+
+    page.goto(f"{live_server.url}/operations/unknown/")
+    expect(page.get_by_text("No unknown operations. Nothing waits for a person.")).to_be_visible()
+    assert page.problems == []

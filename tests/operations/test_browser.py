@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
+from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_requests, sandbox_writes
 from operations.sandbox.services import sandbox_payment_create
@@ -68,4 +68,41 @@ def test_it_lets_an_operator_resolve_an_unknown_payment_from_its_page(
 
     page.goto(f"{live_server.url}/operations/unknown/")
     expect(page.get_by_text("No unknown operations. Nothing waits for a person.")).to_be_visible()
+    assert page.problems == []
+
+
+def test_it_lets_an_operator_reconcile_now_and_shows_what_the_lookup_found(
+    live_server, transactional_db, sandbox, acme_unknown, operator, page
+):
+    op = acme_unknown
+    # The lost answer's payment exists at the provider and carries the operation's id.
+    payment_id = sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True,
+    )["id"]
+
+    browser_sign_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/operations/{op.id}/")
+    panel = page.locator("#operation-panel")
+    page.evaluate("window.__notReloaded = true")
+    page.fill("#id_reconcile-reason", "the customer asks whether it went through")
+    with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/reconcile")) as answer:
+        page.get_by_role("button", name="Reconcile now").click()
+    assert answer.value.request.headers.get("hx-request") == "true"
+
+    expect(panel.locator(".status").first).to_have_text("Succeeded")
+    assert page.evaluate("window.__notReloaded === true")
+    expect(panel.locator("[role=status]")).to_be_focused()
+    expect(panel.locator("[role=status]")).to_contain_text("Reconcile:")
+    expect(panel.locator(".timeline")).to_contain_text("provider lookup")
+    expect(panel).to_contain_text(payment_id)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually) == ("succeeded", payment_id, False)
+    # A reconcile only reads: the provider saw lookups, no create, and holds one payment.
+    assert sandbox_requests(provider="payments").exclude(method="GET").count() == 0
+    assert not sandbox_writes(provider="payments").exists()
+    assert PaymentIntent.objects.count() == 1
+    (audit,) = AuditEvent.objects.filter(object_id=op.id, action="operation.reconcile")
+    assert (audit.actor, audit.reason) == (operator, "the customer asks whether it went through")
     assert page.problems == []

@@ -15,17 +15,37 @@ from tests.helpers import browser_sign_in
 pytestmark = pytest.mark.browser
 
 
+def _act_in_place(page, op, *, action: str, button: str, status: str):
+    """Press an operator action's button on the operation's page and check that htmx
+    answered it in place: no reload, the panel showing `status`, and focus on what the
+    answer says (the button went with the swap), not on <body>. Returns the panel."""
+    panel = page.locator("#operation-panel")
+    page.evaluate("window.__notReloaded = true")
+    with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/{action}")) as answer:
+        page.get_by_role("button", name=button).click()
+    assert answer.value.request.headers.get("hx-request") == "true"
+    expect(panel.locator(".status").first).to_have_text(status)
+    assert page.evaluate("window.__notReloaded === true")
+    expect(panel.locator("[role=status]")).to_be_focused()
+    return panel
+
+
+def _payment_at_provider(op) -> str:
+    """The payment a lost answer was about, for the intent's sum and carrying the operation's
+    id: made at the sandbox directly, so no request is logged."""
+    return sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True,
+    )["id"]
+
+
 def test_it_lets_an_operator_resolve_an_unknown_payment_from_its_page(
     live_server, transactional_db, sandbox, acme_unknown, operator, page
 ):
     op = acme_unknown
     hash_before = op.payload_hash
-    # The payment the lost answer was about, as the operator finds it in the provider's
-    # dashboard (made at the sandbox directly: no request logged).
-    payment_id = sandbox_payment_create(
-        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
-        metadata={"operation_id": op.id}, confirm=True,
-    )["id"]
+    # As the operator finds it in the provider's dashboard.
+    payment_id = _payment_at_provider(op)
 
     browser_sign_in(page, live_server, "operator")
     page.click("nav >> text=Operations")
@@ -36,18 +56,11 @@ def test_it_lets_an_operator_resolve_an_unknown_payment_from_its_page(
     panel = page.locator("#operation-panel")
     assert "Unknown" in panel.locator(".status").first.inner_text()
 
-    page.evaluate("window.__notReloaded = true")
     page.fill("#id_resolve-evidence", f"{payment_id} succeeded in the provider's dashboard")
     page.fill("#id_resolve-provider_reference", payment_id)
     page.fill("#id_resolve-reason", "the customer confirmed the transfer")
-    with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/resolve")) as answer:
-        page.get_by_role("button", name="Resolve as succeeded").click()
-    assert answer.value.request.headers.get("hx-request") == "true"
+    _act_in_place(page, op, action="resolve", button="Resolve as succeeded", status="Succeeded")
 
-    expect(panel.locator(".status").first).to_have_text("Succeeded")
-    assert page.evaluate("window.__notReloaded === true")
-    # The buttons went with the swap: focus lands on what the answer says, not on <body>.
-    expect(panel.locator("[role=status]")).to_be_focused()
     expect(panel).to_contain_text("set by an operator")
     expect(panel).to_contain_text(payment_id)
     expect(panel.locator("form.operator-action")).to_have_count(1)  # only Mark disputed left
@@ -75,24 +88,13 @@ def test_it_lets_an_operator_reconcile_now_and_shows_what_the_lookup_found(
     live_server, transactional_db, sandbox, acme_unknown, operator, page
 ):
     op = acme_unknown
-    # The lost answer's payment exists at the provider and carries the operation's id.
-    payment_id = sandbox_payment_create(
-        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
-        metadata={"operation_id": op.id}, confirm=True,
-    )["id"]
+    payment_id = _payment_at_provider(op)
 
     browser_sign_in(page, live_server, "operator")
     page.goto(f"{live_server.url}/operations/{op.id}/")
-    panel = page.locator("#operation-panel")
-    page.evaluate("window.__notReloaded = true")
     page.fill("#id_reconcile-reason", "the customer asks whether it went through")
-    with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/reconcile")) as answer:
-        page.get_by_role("button", name="Reconcile now").click()
-    assert answer.value.request.headers.get("hx-request") == "true"
+    panel = _act_in_place(page, op, action="reconcile", button="Reconcile now", status="Succeeded")
 
-    expect(panel.locator(".status").first).to_have_text("Succeeded")
-    assert page.evaluate("window.__notReloaded === true")
-    expect(panel.locator("[role=status]")).to_be_focused()
     expect(panel.locator("[role=status]")).to_contain_text("Reconcile:")
     expect(panel.locator(".timeline")).to_contain_text("provider lookup")
     expect(panel).to_contain_text(payment_id)

@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -187,6 +187,32 @@ def unanswered_call_lands_by(
         ).exclude(error_class="lease_lost").values_list("started_at", "finished_at")
     ]
     return max(ends, default=None)
+
+
+@dataclass(frozen=True)
+class HeldReports:
+    """What the provider reported about an operation that waits for a person: the held
+    events (their ids) and the calls whose late answers are held (their numbers)."""
+
+    events: list[str]
+    answers: list[int]
+
+    def names(self) -> list[str]:
+        return [*self.events, *(f"the answer to call {number}" for number in self.answers)]
+
+
+def held_reports(operation_id: str) -> HeldReports:
+    """Its provider events and call answers held for review that no person has answered."""
+    return HeldReports(
+        events=list(
+            WebhookEvent.objects.held_for_review().filter(operation_id=operation_id)
+            .order_by("event_id").values_list("event_id", flat=True)
+        ),
+        answers=list(
+            Attempt.objects.held_for_review().filter(operation_id=operation_id)
+            .order_by("number").values_list("number", flat=True)
+        ),
+    )
 
 
 def next_attempt_number(operation_id: str) -> int:

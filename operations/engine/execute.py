@@ -15,6 +15,7 @@ from django.utils import timezone
 from operations.engine import core
 from operations.engine.core import (
     S,
+    held_reports,
     lease_duration,
     lease_expired,
     logger,
@@ -41,7 +42,6 @@ from operations.models import (
     Evidence,
     EvidenceKind,
     Operation,
-    WebhookEvent,
     nothing_held_for_review,
 )
 from operations.policy import policy_version_current
@@ -176,19 +176,12 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
         )
         if claimed != 1:
             op.refresh_from_db()
-            held = list(
-                WebhookEvent.objects.held_for_review().filter(operation_id=op.id)
-                .values_list("event_id", flat=True)
-            )
-            held_answers = list(
-                Attempt.objects.held_for_review().filter(operation_id=op.id)
-                .values_list("number", flat=True)
-            )
-            if (held or held_answers) and op.status == S.NOT_STARTED:
-                named = [*held, *(f"the answer to call {n}" for n in held_answers)]
+            held = held_reports(op.id)
+            named = held.names()
+            if named and op.status == S.NOT_STARTED:
                 return _left_to_a_person(
                     op, code="held_for_review",
-                    data={"held_events": held, "held_answers": held_answers},
+                    data={"held_events": held.events, "held_answers": held.answers},
                     why=f"the provider reported an effect of this operation ({', '.join(named)}) "
                     "that is held for review",
                 )

@@ -13,6 +13,7 @@ from operations.engine.core import (
     AuthorizationRefused,
     S,
     execute_recheck_at,
+    held_reports,
     transition,
 )
 from operations.ids import new_id
@@ -23,14 +24,12 @@ from operations.intents import (
     intent_validate,
 )
 from operations.models import (
-    Attempt,
     Checkpoint,
     Evidence,
     EvidenceKind,
     Operation,
     Run,
     Tenant,
-    WebhookEvent,
 )
 from operations.policy import policy_for, policy_version_current
 from operations.services import audit_event_record
@@ -128,16 +127,7 @@ def operation_prepare(
                     "that may still land; it runs again with its own key, and can be "
                     "superseded only once it has failed or been cancelled"
                 )
-            held = sorted(
-                WebhookEvent.objects.held_for_review()
-                .filter(operation_id=supersedes.id)
-                .values_list("event_id", flat=True)
-            )
-            held += [
-                f"the answer to call {number}" for number in
-                Attempt.objects.held_for_review().filter(operation_id=supersedes.id)
-                .order_by("number").values_list("number", flat=True)
-            ]
+            held = held_reports(supersedes.id).names()
             if held:
                 # The provider reported an effect of it after it was closed (a payment that
                 # settled after a person failed it, say), by an event or by the answer to a

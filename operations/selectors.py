@@ -154,12 +154,12 @@ def dashboard_metrics(user) -> dict:
             operation__tenant_id__in=tenant_ids, kind=AttemptKind.CALL,
             error_class="version_conflict",
         ).values("operation_id").distinct().count(),
-        "held_for_review": len(
-            set(webhooks_held_for_review(tenant_ids=tenant_ids).values_list(
-                "operation_id", flat=True))
-            | set(answers_held_for_review(tenant_ids=tenant_ids).values_list(
-                "operation_id", flat=True))
-        ),
+        # Operations with a held event or a held answer, each once (UNION, not UNION ALL).
+        "held_for_review": webhooks_held_for_review(tenant_ids=tenant_ids)
+        .order_by().values_list("operation_id")
+        .union(answers_held_for_review(tenant_ids=tenant_ids).order_by()
+               .values_list("operation_id"))
+        .count(),
         # Resolutions only: a dispute (also a person's evidence) puts an effect on hold.
         "manual_resolutions": Evidence.objects.filter(
             operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,

@@ -8,6 +8,10 @@ from operations.models import Operation
 from operations.providers.transport import shared_client_close
 from tests.operations.engine_helpers import make_unknown, prepared_payment
 
+# pytest rewrites the asserts of test modules only: registered before any test imports it,
+# a failing check in this helper shows its values as one in a test does.
+pytest.register_assert_rewrite("tests.operations.failure_helpers")
+
 
 @pytest.fixture
 def acme_payment(acme) -> Operation:
@@ -43,3 +47,9 @@ def sandbox_worker_env(sandbox) -> dict[str, str]:
         "MAIL_API_BASE": f"{sandbox}/mail",
         "PAYMENTS_SEARCH_LAG_SECONDS": "0",
     }
+
+
+@pytest.fixture
+def providers(sandbox, sandbox_worker_env) -> dict[str, str]:
+    """Adapters here and in worker processes talk to the sandbox of the live server."""
+    return sandbox_worker_env

@@ -9,8 +9,8 @@ from playwright.sync_api import expect
 from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_requests, sandbox_writes
-from operations.sandbox.services import sandbox_payment_create
 from tests.helpers import browser_sign_in
+from tests.operations.operator_helpers import payment_at_provider
 
 pytestmark = pytest.mark.browser
 
@@ -30,22 +30,13 @@ def _act_in_place(page, op, *, action: str, button: str, status: str):
     return panel
 
 
-def _payment_at_provider(op) -> str:
-    """The payment a lost answer was about, for the intent's sum and carrying the operation's
-    id: made at the sandbox directly, so no request is logged."""
-    return sandbox_payment_create(
-        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
-        metadata={"operation_id": op.id}, confirm=True,
-    )["id"]
-
-
 def test_it_lets_an_operator_resolve_an_unknown_payment_from_its_page(
     live_server, transactional_db, sandbox, acme_unknown, operator, page
 ):
     op = acme_unknown
     hash_before = op.payload_hash
     # As the operator finds it in the provider's dashboard.
-    payment_id = _payment_at_provider(op)
+    payment_id = payment_at_provider(op)
 
     browser_sign_in(page, live_server, "operator")
     page.click("nav >> text=Operations")
@@ -88,7 +79,7 @@ def test_it_lets_an_operator_reconcile_now_and_shows_what_the_lookup_found(
     live_server, transactional_db, sandbox, acme_unknown, operator, page
 ):
     op = acme_unknown
-    payment_id = _payment_at_provider(op)
+    payment_id = payment_at_provider(op)
 
     browser_sign_in(page, live_server, "operator")
     page.goto(f"{live_server.url}/operations/{op.id}/")

@@ -1,0 +1,34 @@
+"""Shared by the modules that break the engine on purpose against the sandbox: what reached
+the provider, a payment executed into a sandbox fault, and an answer lost on purpose."""
+
+from __future__ import annotations
+
+from operations import engine
+from operations.models import Operation, OperationStatus
+from operations.sandbox.selectors import sandbox_writes
+from operations.sandbox.services import sandbox_fault_set
+from tests.operations.engine_helpers import authorized_payment
+
+S = OperationStatus
+
+
+def payment_posts(op: Operation):
+    return sandbox_writes(provider="payments", operation_id=op.id)
+
+
+def executed_into_a_fault(tenant, approver, kind: str) -> Operation:
+    """An approved payment executed once while the sandbox answers with `kind`."""
+    op = authorized_payment(tenant, approver)
+    sandbox_fault_set(provider="payments", kind=kind, match=op.id)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    return op
+
+
+def lose_the_answer(op: Operation) -> Operation:
+    """A real lost answer: the sandbox commits and the 1-second client timeout fires."""
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "called" and op.status == S.UNKNOWN, report
+    return op

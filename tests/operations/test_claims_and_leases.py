@@ -1,0 +1,433 @@
+"""The failure cases of the design brief about who holds an operation, broken on purpose
+against the real stack: PostgreSQL, Redis, Celery worker processes (killed mid-call, or eight
+of them handed the same execute), and the sandbox providers over real HTTP. The claim and the
+lease are broken at the moments between a read and a write: a worker that stalls past its
+lease, a late answer, a claim taken over after the read.
+
+Every test counts what reached the provider (POSTs, their keys and parameters) and how many
+external objects exist, not only the final status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from operations import engine
+from operations.models import AttemptKind, Operation, OperationStatus
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.selectors import sandbox_counts
+from operations.sandbox.services import sandbox_fault_set
+from operations.tasks import execute_operation, sweep_operations
+from tests.helpers import Background, wait_for
+from tests.operations.engine_helpers import authorized_payment, died_mid_call
+from tests.operations.failure_helpers import payment_posts
+
+S = OperationStatus
+
+
+WORKER_POOLS = pytest.mark.parametrize("pool", ["threads", "prefork"])
+
+
+@pytest.mark.worker
+@WORKER_POOLS
+def test_it_finds_the_payment_after_the_worker_dies_between_commit_and_answer(
+    acme, approver, providers, worker_pool, pool
+):
+    op = authorized_payment(acme, approver)
+    # The sandbox commits the payment, then holds its answer far past any timeout.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=8)
+    worker_pool.start(concurrency=1, pool=pool, extra_env={
+        **providers, "PROVIDER_TIMEOUT_SECONDS": "30", "OPERATION_LEASE_SECONDS": "2",
+        "CELERY_VISIBILITY_TIMEOUT": "4",
+    })
+    first = execute_operation.apply_async(
+        args=[op.id], queue=worker_pool.queue, ignore_result=False
+    )
+    wait_for(lambda: PaymentIntent.objects.filter(
+        metadata__operation_id=op.id).exists(), what="the sandbox to commit the payment")
+    # The provider has committed; the worker is waiting for an answer. Kill it outright.
+    for proc in worker_pool.procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    worker_pool.procs.clear()
+    op.refresh_from_db()
+    assert op.status == S.IN_PROGRESS and op.external_id == ""
+
+    # A new worker: the sweep turns the expired lease into `unknown` and reconciles; the
+    # redelivered execute (acks_late) finds nothing left to do.
+    worker_pool.start(concurrency=2, pool=pool, extra_env={
+        **providers, "PROVIDER_TIMEOUT_SECONDS": "2", "OPERATION_LEASE_SECONDS": "2",
+        "CELERY_VISIBILITY_TIMEOUT": "4", "CELERY_UNACKED_RESTORE_SECONDS": "1",
+    })
+    time.sleep(2.5)  # past the lease
+    sweep_operations.apply_async(queue=worker_pool.queue, ignore_result=False).get(timeout=20)
+    wait_for(lambda: Operation.objects.get(id=op.id).status == S.SUCCEEDED, timeout=40,
+             what="reconciliation to find the payment")
+    # The killed worker's message comes back (acks_late) and runs: it must call nobody.
+    assert first.get(timeout=40) in {"reconciled", "already_succeeded"}
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get(metadata__operation_id=op.id)
+    assert PaymentIntent.objects.count() == 1
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    posts = list(payment_posts(op))
+    assert len(posts) == 1, "no POST may follow a lookup that found the payment"
+    assert {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert op.attempts.filter(kind=AttemptKind.CALL).count() == 1
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="found").exists()
+    assert op.evidence.filter(kind="lookup", to_status=S.SUCCEEDED).exists()
+
+
+@pytest.mark.worker
+@WORKER_POOLS
+def test_it_makes_one_call_when_eight_workers_receive_the_same_execute(
+    acme, approver, providers, worker_pool, pool
+):
+    op = authorized_payment(acme, approver)
+    # Slow the provider so all eight deliveries arrive while the first call is in flight.
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=1.5)
+    worker_pool.start(concurrency=8, pool=pool,
+                      extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "10"})
+    results = [execute_operation.apply_async(args=[op.id], queue=worker_pool.queue,
+                                           ignore_result=False)
+               for _ in range(8)]
+    outcomes = sorted(r.get(timeout=60) for r in results)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert outcomes.count("called") == 1, outcomes
+    # They overlapped: some delivery met the call in flight, not only its stored result.
+    assert {"held_elsewhere", "lost_claim"} & set(outcomes), outcomes
+    assert len(payment_posts(op)) == 1
+    assert PaymentIntent.objects.count() == 1
+    assert op.provider_calls == 1
+    assert op.attempts.filter(kind=AttemptKind.CALL).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
+    acme, approver, operator, providers, settings
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 8
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=4)
+
+    call = Background(lambda: engine.operation_execute(operation_id=op.id))
+    wait_for(lambda: Operation.objects.filter(
+        id=op.id, status=S.IN_PROGRESS, lease_expires_at__lte=timezone.now()).exists(),
+        what="the lease to run out while the call is in flight")
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="the worker looks stuck; treasury checks by hand")
+    call.join()
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.DISPUTED and op.resolved_manually
+    assert op.external_id == ""  # the late answer did not write over the operator's case
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert call.external_id == intent.id  # but is kept, and held for the person who holds it
+    assert call.needs_review and call.reviewed_at is None
+    assert len(payment_posts(op)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_sends_a_call_after_its_lease_ran_out(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 2
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=2.2))
+    real_snapshot = execute_module.snapshot
+    main = threading.get_ident()
+
+    def stalled_after_the_claim(op_, **kwargs):
+        if threading.get_ident() != main:
+            time.sleep(3.5)  # a long GC pause, a frozen container
+        return real_snapshot(op_, **kwargs)
+
+    monkeypatch.setattr(execute_module, "snapshot", stalled_after_the_claim)
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    time.sleep(2.5)
+    # The lease ran out: the sweep's reconcile finds nothing, which proves nothing yet.
+    assert not engine.operation_reconcile(operation_id=op.id).may_call_again
+    call.join()
+
+    attempt = op.attempts.get(kind=AttemptKind.CALL)
+    assert attempt.error_class == "lease_lost" and PaymentIntent.objects.count() == 0
+    assert len(payment_posts(op)) == 0  # the stalled worker sent nothing
+    # Nothing was sent, and the approval has run out meanwhile: closed as never done.
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "absent" and not report.may_call_again
+    assert op.status == S.CANCELLED and PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("meanwhile", ["answer_lost", "call_in_flight"])
+def test_it_does_not_claim_what_another_worker_moved_on_after_its_read(
+    acme, approver, providers, settings, monkeypatch, meanwhile
+):
+    from operations.engine import execute as execute_module
+
+    if meanwhile == "call_in_flight":
+        settings.PROVIDER_TIMEOUT_SECONDS = 5  # B waits for its slow answer
+    op = authorized_payment(acme, approver)
+    real_check = execute_module.authorization_problem
+    other: dict = {}
+
+    def another_worker_goes_first(op_):
+        # Worker A has read not_started; before its claim, worker B claims and calls.
+        problem = real_check(op_)
+        if not other:
+            other["started"] = True
+            if meanwhile == "answer_lost":  # B's call committed, its answer was lost
+                sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id,
+                                  seconds=3)
+                other["report"] = engine.operation_execute(operation_id=op.id, worker="B")
+                assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+            else:  # B's call is still in flight, under B's live lease
+                sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+                other["call"] = Background(
+                    lambda: engine.operation_execute(operation_id=op.id, worker="B"))
+                wait_for(lambda: Operation.objects.filter(id=op.id, status=S.IN_PROGRESS)
+                         .exists(), what="worker B's claim")
+        return problem
+
+    monkeypatch.setattr(execute_module, "authorization_problem", another_worker_goes_first)
+    report = engine.operation_execute(operation_id=op.id, worker="A")
+    assert report.outcome == "lost_claim", report
+    if "call" in other:
+        assert other["call"].join().outcome == "called"
+
+    op.refresh_from_db()
+    assert len(payment_posts(op)) == 1, "A must not call what B claimed (or left unknown)"
+    assert op.provider_calls == 1 and PaymentIntent.objects.count() == 1
+    assert list(op.attempts.filter(kind=AttemptKind.CALL).values_list("worker", flat=True)) \
+        == ["B"]
+    if meanwhile == "answer_lost":  # unknown stays unknown until a lookup, never a call
+        assert op.status == S.UNKNOWN and not op.attempts.filter(kind=AttemptKind.LOOKUP)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_call_in_flight_to_its_worker_while_the_lease_runs(
+    acme, approver, providers, settings
+):
+    settings.PROVIDER_TIMEOUT_SECONDS = 5  # the slow answer arrives; the lease is 30 s
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    wait_for(lambda: Operation.objects.filter(id=op.id, status=S.IN_PROGRESS).exists(),
+             what="worker A's claim")
+    # A second delivery and an operator's reconcile, both while A's lease runs: hands off.
+    assert engine.operation_execute(operation_id=op.id, worker="B").outcome == "held_elsewhere"
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
+    assert op.id not in engine.operations_due_for_reconcile()
+    assert call.join().outcome == "called"
+
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
+    assert not op.evidence.filter(to_status=S.UNKNOWN).exists()
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("lapse", ["expired", "policy_moved_on"])
+def test_it_does_not_call_when_the_authorization_lapses_between_its_check_and_the_claim(
+    acme, approver, providers, settings, monkeypatch, lapse
+):
+    from operations.engine import execute as execute_module
+
+    op = authorized_payment(acme, approver)
+    hash_before = op.payload_hash
+    real_check = execute_module.authorization_problem
+
+    def lapses_right_after_the_check(op_):
+        problem = real_check(op_)
+        if lapse == "expired":
+            Operation.objects.filter(id=op.id).update(authorization_expires_at=timezone.now())
+        else:
+            settings.POLICY_VERSION_OVERRIDES = {"payments.create": "payments-v4"}
+        return problem
+
+    monkeypatch.setattr(execute_module, "authorization_problem", lapses_right_after_the_check)
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED
+    assert op.provider_calls == 0 and not op.attempts.exists()
+    assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
+    # The next delivery sees the lapse at its check and closes it, still without a call.
+    monkeypatch.setattr(execute_module, "authorization_problem", real_check)
+    assert engine.operation_execute(operation_id=op.id).outcome == "cancelled"
+    op.refresh_from_db()
+    assert sandbox_counts()["requests"] == 0 and op.payload_hash == hash_before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_records_a_stalled_workers_answer_over_the_next_workers_claim(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)  # A: nothing written
+    stalled, go = threading.Event(), threading.Event()
+    real_record = execute_module._record_call_result
+
+    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
+        if worker == "A":
+            stalled.set()
+            go.wait(15)  # A has its (5xx) answer, then freezes before writing it down
+        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
+
+    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
+    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    assert stalled.wait(10)
+    time.sleep(2.3)  # past A's lease and the reach of its call
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    b = Background(lambda: engine.operation_execute(operation_id=op.id, worker="B"))
+    wait_for(lambda: Operation.objects.filter(id=op.id, status=S.IN_PROGRESS,
+                                              lease_owner="B").exists(), what="B's claim")
+    go.set()
+    a.join()
+    # A's late "unknown" must not land on B's claim while B's call is in flight.
+    held = Operation.objects.get(id=op.id)
+    assert (held.status, held.lease_owner) == (S.IN_PROGRESS, "B")
+    assert b.join().outcome == "called"
+
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == PaymentIntent.objects.get().id
+    posts = list(payment_posts(op))
+    assert len(posts) == 2 and {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert not op.evidence.filter(from_status=S.IN_PROGRESS, to_status=S.UNKNOWN,
+                                  kind="call_result").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_lease(
+    acme, approver, providers, monkeypatch
+):
+    from operations import tasks
+    from operations.engine.core import adapter, snapshot
+
+    op = authorized_payment(acme, approver)
+    # What a worker killed mid-call leaves: its claim with a lease that ran out, a call
+    # attempt with no answer, and a payment the provider committed. No message redelivered.
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=2))
+    assert adapter(op.action).call(snapshot(op)).external_id  # committed at the provider
+
+    outcomes: list[str] = []
+    monkeypatch.setattr(tasks.execute_operation, "delay", outcomes.append)
+    monkeypatch.setattr(
+        tasks.reconcile_operation, "delay",
+        lambda operation_id: outcomes.append(tasks.reconcile_operation(operation_id)),
+    )
+    assert tasks.sweep_operations() == 1
+    assert outcomes == ["found"]
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert len(payment_posts(op)) == 1 and op.provider_calls == 1
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="found").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_records_a_stalled_workers_refusal_over_a_newer_calls_payment(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    # A's call is refused (a 400, nothing written), but A freezes before writing that down.
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+    stalled, go = threading.Event(), threading.Event()
+    real_record = execute_module._record_call_result
+
+    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
+        if worker == "A":
+            stalled.set()
+            go.wait(15)
+        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
+
+    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
+    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    assert stalled.wait(10)
+    time.sleep(2.3)  # past A's lease and the reach of its call
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    # B's call commits the payment, and its answer is lost.
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
+    assert engine.operation_execute(operation_id=op.id, worker="B").outcome == "called"
+    assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+    go.set()
+    a.join()
+
+    # A's refusal is older than B's call: it must not close as failed what B may have done.
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.error_code != "validation"
+    assert not op.evidence.filter(to_status=S.FAILED).exists()
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    posts = list(payment_posts(op))
+    assert len(posts) == 2 and {p.idempotency_key for p in posts} == {op.idempotency_key}
+    assert op.provider_calls == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_expires_a_lease_that_a_new_claim_replaced_after_the_read(
+    acme, approver, providers, monkeypatch
+):
+    from django.db.models import F
+
+    from operations.engine import reconcile as reconcile_module
+
+    op = authorized_payment(acme, approver)
+    claimed = timezone.now() - timedelta(minutes=2)
+    Operation.objects.filter(id=op.id).update(
+        status=S.IN_PROGRESS, status_changed_at=claimed, lease_owner="A",
+        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1)
+    real_expired = reconcile_module.lease_expired
+
+    def b_claims_after_the_read(op_):
+        expired = real_expired(op_)  # A's lease, as this reconcile read it: expired
+        if expired and op_.lease_owner == "A":
+            # Before its UPDATE: A's answer was recorded, a lookup proved absence, and B
+            # claimed the operation again, with a live lease and its call in flight.
+            Operation.objects.filter(id=op.id).update(
+                lease_owner="B", lease_expires_at=timezone.now() + timedelta(seconds=30),
+                provider_calls=F("provider_calls") + 1)
+        return expired
+
+    monkeypatch.setattr(reconcile_module, "lease_expired", b_claims_after_the_read)
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "nothing_to_do"
+    assert (op.status, op.lease_owner, op.provider_calls) == (S.IN_PROGRESS, "B", 2)
+    assert not op.evidence.filter(to_status=S.UNKNOWN).exists()
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
+    assert sandbox_counts()["requests"] == 0

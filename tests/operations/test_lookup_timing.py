@@ -1,0 +1,337 @@
+"""The failure cases of the design brief where an empty lookup proves nothing yet, broken on
+purpose against PostgreSQL and the sandbox providers over real HTTP: the provider's search
+lags behind its writes, a call the client gave up on (or a stalled worker's) may still land,
+and a key is kept only so long. An operation is called again, or closed as never done, only
+once nothing can land any more.
+
+Every test counts what reached the provider (POSTs, their keys and parameters) and how many
+external objects exist, not only the final status.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from operations import engine
+from operations.models import Attempt, AttemptKind, Operation, OperationStatus
+from operations.sandbox.models import Deal, PaymentIntent
+from operations.sandbox.selectors import sandbox_writes
+from operations.sandbox.services import sandbox_fault_set
+from tests.helpers import Background, wait_for
+from tests.operations.engine_helpers import authorized_payment, died_mid_call
+from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
+
+S = OperationStatus
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_does_not_create_again_on_an_empty_search_inside_the_lag_window(
+    acme, approver, providers, settings
+):
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 3
+    sandbox_fault_set(provider="payments", kind="search_lag", match="*", seconds=3, times=50)
+    op = lose_the_answer(authorized_payment(acme, approver))
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "reconciled" and op.status == S.UNKNOWN
+    assert "lag" in op.evidence.filter(kind="lookup").last().data["reason"]
+    assert op.next_reconcile_at is not None  # checked again, automatically
+    assert len(payment_posts(op)) == 1
+
+    time.sleep(3.2)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    posts = list(payment_posts(op))
+    assert len(posts) == 1 and posts[0].idempotency_key == op.idempotency_key
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_one_deal_when_a_timed_out_create_lands_after_the_retry(acme, providers):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    # The first POST stalls at the CRM before it creates anything, past our 1 s timeout.
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=2.5)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and Deal.objects.count() == 0
+
+    # The lookup truly finds nothing yet, so the engine calls again; then the stalled
+    # request wakes up and tries to create the same deal.
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "called" and op.status == S.SUCCEEDED
+    wait_for(lambda: all(w.response_status for w in sandbox_writes(
+        provider="crm", operation_id=op.id)), what="the stalled create to finish")
+
+    deal = Deal.objects.get(agent_operation_id=op.id)
+    assert Deal.objects.count() == 1 and op.external_id == deal.id
+    writes = sandbox_writes(provider="crm", operation_id=op.id).order_by("id")
+    assert sorted(w.response_status for w in writes) == [201, 409]
+    kinds = list(op.attempts.order_by("number").values_list("kind", "outcome"))
+    assert kinds == [("call", "unknown"), ("lookup", "absent"), ("call", "succeeded")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_does_not_apply_an_absence_looked_up_before_a_newer_call(
+    acme, approver, providers, settings
+):
+    from operations.sandbox.models import SandboxFault
+
+    settings.PROVIDER_TIMEOUT_SECONDS = 5  # the slow lookup is answered, only late
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    engine.operation_execute(operation_id=op.id)  # call 1: refused before any write
+    # A slow reconcile: its lookup is held at the provider while everything below happens.
+    sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
+    slow = Background(lambda: engine.operation_reconcile(operation_id=op.id))
+    wait_for(lambda: not SandboxFault.objects.filter(match=op.id, kind="delay",
+                                                     remaining__gt=0).exists(),
+             what="the slow lookup to take the delay fault")
+    # A second reconcile proves absence; the execute after it makes call 2, whose answer
+    # is lost too, so the operation is unknown again.
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    assert engine.operation_execute(operation_id=op.id).outcome == "called"
+    report = slow.join()
+
+    op.refresh_from_db()
+    assert report.outcome == "stale" and not report.may_call_again
+    assert op.status == S.UNKNOWN and op.provider_calls == 2
+    assert len(payment_posts(op)) == 2 and PaymentIntent.objects.count() == 0
+    assert op.evidence.filter(to_status=S.NOT_STARTED).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lands_a_slow_crm_answer_instead_of_cancelling_after_an_early_absence(
+    acme, providers, settings
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    assert not op.requires_approval  # authorized by the policy
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=1.2))
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=3)  # the POST is slow
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    wait_for(lambda: Operation.objects.filter(
+        id=op.id, status=S.IN_PROGRESS, lease_expires_at__lte=timezone.now()).exists(),
+        what="the lease to run out while the POST is in flight")
+    # The sweep's reconcile: no deal yet, but the unanswered call may still land.
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.outcome == "inconclusive" and not report.may_call_again
+    call.join()
+
+    op.refresh_from_db()
+    deal = Deal.objects.get(agent_operation_id=op.id)
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id  # not cancelled
+    assert op.provider_calls == 1 and Deal.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_measures_the_search_lag_from_the_newest_call_a_concurrent_reconcile_allowed(
+    acme, approver, providers, settings, monkeypatch
+):
+    import threading
+
+    from operations.engine import reconcile as reconcile_module
+
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    # Call 1: refused before any write, three minutes ago.
+    op = executed_into_a_fault(acme, approver, "http_500")
+    long_ago = timezone.now() - timedelta(minutes=3)
+    Attempt.objects.filter(operation=op).update(started_at=long_ago, finished_at=long_ago)
+    # Reconcile R stalls as it reads what it will tell the provider's search...
+    stalled_once, go = threading.Event(), threading.Event()
+    real_snapshot, main = reconcile_module.snapshot, threading.get_ident()
+
+    def stalled_snapshot(op_, **kwargs):
+        taken = real_snapshot(op_, **kwargs)
+        if threading.get_ident() != main and not stalled_once.is_set():
+            stalled_once.set()
+            go.wait(3)
+        return taken
+
+    monkeypatch.setattr(reconcile_module, "snapshot", stalled_snapshot)
+    stalled = Background(lambda: engine.operation_reconcile(operation_id=op.id))
+    assert stalled_once.wait(10)
+    # ...while another reconcile runs (it waits for R's row lock, or proves absence) and
+    # call 2 commits a payment whose answer is lost, hidden from the search by its lag.
+    engine.operation_reconcile(operation_id=op.id)
+    sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=2)
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    engine.operation_execute(operation_id=op.id)
+    go.set()
+    stalled.join()
+    wait_for(lambda: not payment_posts(op).filter(response_status__isnull=True).exists(),
+             what="the dropped answer's request to end at the sandbox")
+
+    op.refresh_from_db()
+    assert PaymentIntent.objects.count() == 1 and op.provider_calls == 2
+    assert op.status == S.UNKNOWN
+    # Absence was proven once, before call 2; never again with call 1's age as the lag.
+    assert op.evidence.filter(to_status=S.NOT_STARTED).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
+    acme, approver, monkeypatch
+):
+    from operations.engine import core
+    from operations.providers.base import LookupOutcome, LookupResult
+
+    op = authorized_payment(acme, approver)
+    then = timezone.now() - timedelta(hours=25)  # "processing" at the bank for a day
+    Attempt.objects.create(operation=op, number=1, kind="call", worker="w", started_at=then,
+                           finished_at=then, outcome="accepted",
+                           idempotency_key=op.idempotency_key)
+    Operation.objects.filter(id=op.id).update(status=S.ACCEPTED, external_id="pi_x",
+                                              provider_calls=1, next_reconcile_at=timezone.now())
+    real = core.adapter("payments.create")
+
+    class FailingLookup:
+        contract = real.contract
+        account = real.account
+
+        def lookup(self, op_):
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
+                                reason="lookup failed (http_5xx)",
+                                retry_after=timedelta(seconds=30))
+
+    monkeypatch.setattr(core, "adapter", lambda action: FailingLookup())
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.ACCEPTED and op.next_reconcile_at is not None
+
+    # A lookup that can never answer again (a mail key past its retention): a person's.
+    FailingLookup.lookup = lambda self, op_: LookupResult(
+        outcome=LookupOutcome.INCONCLUSIVE, reason="key retention window passed")
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.next_reconcile_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_confirms_a_given_up_call_did_not_land_before_closing_it_as_never_done(
+    acme, providers, settings
+):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=2))
+    # The CRM takes 3 s; our client gives up after 1 s, and the deal lands later anyway.
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=3)
+    engine.operation_execute(operation_id=op.id)
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # no deal yet
+    wait_for(lambda: Operation.objects.get(id=op.id).authorization_expires_at < timezone.now(),
+             what="the authorization to run out")
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    # Not cancelled while the given-up call may still land: a lookup confirms first.
+    assert report.outcome == "confirming_absence" and op.status == S.UNKNOWN
+    wait_for(lambda: Deal.objects.filter(agent_operation_id=op.id).exists(),
+             what="the slow create to land")
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    deal = Deal.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id and op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_closes_as_never_done_once_no_call_can_land_and_the_approval_ran_out(
+    acme, approver, providers
+):
+    op = executed_into_a_fault(acme, approver, "http_500")  # nothing written
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1))
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.outcome == "inconclusive" and not report.may_call_again  # may still land
+    # The provider's late-landing window after the call has passed.
+    earlier = timezone.now() - timedelta(minutes=5)
+    Attempt.objects.filter(operation=op, kind=AttemptKind.CALL).update(
+        started_at=earlier, finished_at=earlier)
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.CANCELLED and op.error_code == "authorization"
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_could_land(
+    acme, approver, providers, settings
+):
+    from operations.engine.core import adapter, call_reach, snapshot
+
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
+    op = authorized_payment(acme, approver)
+    # A worker claimed 70 s ago and died without an answer; its call may have reached the
+    # provider as late as its claim plus call_reach() (31 s here), and did commit.
+    claimed = timezone.now() - timedelta(seconds=70)
+    op = died_mid_call(op, claimed=claimed)
+    assert adapter(op.action).call(snapshot(op)).external_id
+    # The provider's search does not show it yet (its lag, from when the call could land).
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive" and not report.may_call_again
+    assert op.status == S.UNKNOWN
+    assert "lag" in op.evidence.filter(kind="lookup").last().data["reason"]
+    # Checked again once the lag has passed after the call's reach, not before.
+    lag_ends = claimed + call_reach() + timedelta(seconds=60)
+    assert abs((op.next_reconcile_at - lag_ends).total_seconds()) < 5
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("retry_in", "scheduled"), [(5, True), (30, False)])
+@pytest.mark.parametrize("sent_again_an_hour_ago", [False, True])
+def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_keys_retention(
+    acme, approver, monkeypatch, retry_in, scheduled, sent_again_an_hour_ago
+):
+    from operations.engine import core
+    from operations.providers.base import LookupOutcome, LookupResult
+
+    op = authorized_payment(acme, approver)
+    # The lost call was made 24 hours less 15 seconds ago: the provider keeps its key for
+    # 24 hours, so a lookup later than 15 seconds from now proves nothing about it.
+    then = timezone.now() - timedelta(hours=24) + timedelta(seconds=15)
+    calls = [then]
+    if sent_again_an_hour_ago:
+        # Sent again with the same key after a proven absence: Stripe ages a key from its
+        # first use, so this call does not make it keep the key any longer.
+        calls.append(timezone.now() - timedelta(hours=1))
+    for number, sent in enumerate(calls, start=1):
+        Attempt.objects.create(operation=op, number=number, kind="call", worker="w",
+                               started_at=sent, finished_at=sent, outcome="unknown",
+                               idempotency_key=op.idempotency_key)
+    Operation.objects.filter(id=op.id).update(status=S.UNKNOWN, provider_calls=len(calls),
+                                              unknown_since=calls[-1])
+    real = core.adapter("payments.create")
+
+    class FailingLookup:
+        contract = real.contract
+        account = real.account
+
+        def lookup(self, op_):
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
+                                reason="lookup failed (http_5xx)",
+                                retry_after=timedelta(seconds=retry_in))
+
+    monkeypatch.setattr(core, "adapter", lambda action: FailingLookup())
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive" and op.status == S.UNKNOWN
+    assert (op.next_reconcile_at is not None) is scheduled
+    summary = op.evidence.filter(kind="lookup").last().summary
+    assert ("waiting for a person" in summary) is not scheduled
+    assert op.provider_calls == len(calls)

@@ -1,0 +1,309 @@
+"""A person's decision, and what moves on around it: a provider event that contradicts it (or
+the console's own closing as never done) is held for review until a person looks again, a
+decision answers only the held events its page showed, and a resolution applies to the
+status the page showed, never to what the engine did since."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from operations.engine import TransitionRefused, operation_dispute, operation_resolve
+from operations.forms import ResolveForm
+from operations.models import Attempt, AttemptKind, Evidence, EvidenceKind, Operation, WebhookEvent
+from operations.sandbox.selectors import sandbox_counts, sandbox_writes
+from operations.sandbox.services import sandbox_fault_set
+from tests.helpers import signed_in
+from tests.operations.engine_helpers import prepared_payment
+from tests.operations.operator_helpers import (
+    TEXT_ONLY,
+    audit_count,
+    payment_at_provider,
+    resolved_by_reference,
+    sandbox_request_count,
+)
+
+
+@pytest.mark.django_db
+def test_it_holds_a_provider_event_that_contradicts_a_person_for_review(
+    acme_unknown, operator, other_tenant_user
+):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import dashboard_metrics
+
+    op = acme_unknown
+    operation_resolve(operation_id=op.id, actor=operator, outcome="failed",
+                      evidence_text="bank statement shows no debit", reason="checked")
+
+    def event(event_id: str, status: CallOutcome, kind: str) -> tuple[str, str]:
+        return webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type=f"payment_intent.{kind}", operation_id=op.id,
+            external_id="pi_late", status=status))
+
+    assert event("evt_agrees", CallOutcome.FAILED, "payment_failed")[0] == "ignored"
+    assert dashboard_metrics(operator)["held_for_review"] == 0
+    result, message = event("evt_contradicts", CallOutcome.SUCCEEDED, "succeeded")
+    op.refresh_from_db()
+    assert result == "held" and "provider reports succeeded" in message
+    assert op.status == "failed" and op.external_id == ""  # the person's decision stands
+    assert WebhookEvent.objects.get(event_id="evt_contradicts").needs_review
+
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    assert "The provider disagrees with the journal" in page and "pi_late" in page
+    assert "by a person's decision" in page
+    queue = client.get("/operations/unknown/").content.decode()
+    assert 'id="held"' in queue and op.id in queue
+    assert dashboard_metrics(operator)["held_for_review"] == 1
+    assert "#held" in client.get("/").content.decode()
+    assert dashboard_metrics(other_tenant_user)["held_for_review"] == 0
+    assert op.id not in signed_in(other_tenant_user).get("/operations/unknown/").content.decode()
+
+    # A person looks again: the notice has done its job.
+    operation_dispute(operation_id=op.id, actor=operator, reason="treasury checks the late debit")
+    assert dashboard_metrics(operator)["held_for_review"] == 0
+    assert "The provider disagrees" not in client.get(f"/operations/{op.id}/").content.decode()
+    assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["dispute", "resolve"])
+def test_it_answers_only_the_held_events_the_page_showed(acme_unknown, operator, action):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import webhooks_held_for_review
+
+    op = acme_unknown
+    operation_resolve(operation_id=op.id, actor=operator, outcome="failed",
+                      evidence_text="bank statement shows no debit", reason="checked")
+
+    def contradiction(event_id: str) -> None:
+        assert webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type="payment_intent.succeeded", operation_id=op.id,
+            external_id=f"pi_{event_id}", status=CallOutcome.SUCCEEDED))[0] == "held"
+
+    if action == "resolve":
+        # Resolvable again once disputed (nothing held yet, so nothing answered).
+        operation_dispute(operation_id=op.id, actor=operator, reason="treasury re-checks")
+    contradiction("evt_shown")
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    field = re.search(rf'name="{action}-held_shown" value="([^"]*)"', page)
+    assert field, page
+    # Held while the person was deciding: their decision is not about it.
+    contradiction("evt_later")
+    op.refresh_from_db()
+    data = {f"{action}-reason": "treasury checked the debit",
+            f"{action}-held_shown": field.group(1)}
+    if action == "resolve":
+        data.update({"resolve-outcome": "succeeded", "resolve-evidence": "debit on statement",
+                     "resolve-seen": op.status_changed_at.isoformat()})
+    assert client.post(f"/operations/{op.id}/{action}", data).status_code == 302
+
+    op.refresh_from_db()
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_later"]
+    decision = op.evidence.filter(kind="manual").last()
+    assert decision.data["reviewed_events"] == ["evt_shown"]
+    assert "pi_evt_later" in client.get(f"/operations/{op.id}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_decision_from_a_page_whose_held_events_do_not_parse(
+    acme_unknown, operator
+):
+    op = acme_unknown
+    response = signed_in(operator).post(f"/operations/{op.id}/dispute", {
+        "dispute-reason": "on hold", "dispute-held_shown": "12 evt_x"})
+    op.refresh_from_db()
+    assert response.status_code == 400 and "reload it" in response.content.decode()
+    assert op.status == "unknown" and not op.evidence.filter(kind="manual").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_reported_after_the_console_closed_the_operation_as_never_done(
+    acme, approver, operator, sandbox
+):
+    from operations.engine import operation_execute, webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from tests.operations.engine_helpers import authorized_payment
+
+    # The approval ran out before any call: the console closes it as never done.
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1))
+    operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == "cancelled" and sandbox_request_count() == 0
+    # Yet the provider holds a payment for it (one its search did not show in time).
+    payment_id = payment_at_provider(op)
+
+    def event(event_id: str, status: CallOutcome) -> tuple[str, str]:
+        return webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=event_id, event_type=f"payment_intent.{status.value}", operation_id=op.id,
+            external_id=payment_id, status=status))
+
+    result, message = event("evt_paid_after_all", CallOutcome.SUCCEEDED)
+
+    op.refresh_from_db()
+    assert result == "held" and "provider reports succeeded" in message
+    assert (op.status, op.external_id) == ("cancelled", "")
+    # The timeline says why it still reads cancelled while the provider reports a payment.
+    held = op.evidence.filter(kind="webhook").get()
+    assert "held for review" in held.summary and held.to_status == "cancelled"
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    assert "The provider disagrees with the journal" in page and payment_id in page
+    assert "by a person's decision" not in page and "Mark disputed" in page
+    assert 'id="held"' in client.get("/operations/unknown/").content.decode()
+
+    # Not settled straight from cancelled: a person first holds it, with a reason on record.
+    with pytest.raises(TransitionRefused, match="cannot be resolved as succeeded"):
+        resolved_by_reference(op, operator, payment_id)
+    # A person holds it, checks the payment at the provider, and settles it with it.
+    operation_dispute(operation_id=op.id, actor=operator, reason="treasury sees the debit")
+    op = resolved_by_reference(op, operator, payment_id)
+    assert (op.status, op.external_id, op.resolved_manually) == ("succeeded", payment_id, True)
+    assert 'id="held"' not in client.get("/operations/unknown/").content.decode()
+    assert not sandbox_writes(provider="payments").exists()
+    assert sandbox_counts()["payment_intents"] == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("closed", "reported", "result"),
+    [
+        ("failed", "succeeded", "held"),  # retried at the provider: the money moved
+        ("failed", "accepted", "ignored"),  # an earlier "processing", only out of order
+        ("cancelled", "accepted", "held"),  # under way, though closed as never done
+        ("cancelled", "failed", "ignored"),  # no money moved: nothing for a person to do
+        ("succeeded", "accepted", "ignored"),
+    ],
+)
+def test_it_tells_a_contradicted_outcome_from_a_late_event(acme, closed, reported, result):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = prepared_payment(acme)
+    Operation.objects.filter(id=op.id).update(status=closed, external_id="pi_1")
+
+    outcome, _ = webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id=f"evt_{closed}_{reported}", event_type="payment_intent.x", operation_id=op.id,
+        external_id="pi_1", status=CallOutcome(reported)))
+
+    op.refresh_from_db()
+    assert (outcome, op.status) == (result, closed)
+    assert WebhookEvent.objects.get().needs_review == (result == "held")
+
+
+def _page_hidden_fields(client, op: Operation) -> dict[str, str]:
+    """What the page's resolve form sends along unseen, as a browser would."""
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    return dict(re.findall(r'<input type="hidden" name="(resolve-[^"]+)" value="([^"]*)"', page))
+
+
+@pytest.mark.django_db
+def test_it_resolves_the_status_the_page_showed(acme_unknown, operator):
+    op = acme_unknown
+    client = signed_in(operator)
+    form = _page_hidden_fields(client, op)
+    assert set(form) == {"resolve-seen"}
+    # Exactly the stored moment, to the microsecond: an empty or rounded value would skip the
+    # check or refuse every resolution.
+    seen = ResolveForm(prefix="resolve", data=form).fields["seen"].clean(form["resolve-seen"])
+    assert seen == op.status_changed_at
+    client.post(f"/operations/{op.id}/resolve", {**form, **TEXT_ONLY})
+    op.refresh_from_db()
+    assert op.status == "succeeded" and op.resolved_manually
+    assert audit_count(op, "operation.resolve_succeeded") == 1
+
+
+@pytest.mark.django_db
+def test_it_resolves_the_status_the_page_showed_whatever_offset_the_moment_came_in(
+    acme_unknown, operator
+):
+    from datetime import timezone as dt_timezone
+
+    # The same moment, in an offset Python reads and PostgreSQL cannot hold (±15:59 at
+    # most): the conditional update raised (a 500).
+    op = acme_unknown
+    moment = op.status_changed_at.astimezone(dt_timezone(timedelta(hours=23, minutes=59)))
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/resolve", {**TEXT_ONLY, "resolve-seen": moment.isoformat()},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 200
+    op.refresh_from_db()
+    assert op.status == "succeeded" and audit_count(op, "operation.resolve_succeeded") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_resolution_of_a_status_the_operator_never_saw(
+    acme, approver, operator, sandbox
+):
+    from operations import engine
+    from operations.sandbox.models import PaymentIntent
+    from tests.operations.engine_helpers import authorized_payment
+
+    # Large enough that the sandbox leaves the payment processing: accepted, not final.
+    op = authorized_payment(acme, approver, amount_minor=150_000_000)
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)  # nothing written
+    engine.operation_execute(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == "unknown"
+    client = signed_in(operator)
+    form = _page_hidden_fields(client, op)
+
+    # While the operator checks with the bank (nothing there), the sweep's lookup proves
+    # absence and the call goes again: the provider now holds a processing payment.
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again
+    assert engine.operation_execute(operation_id=op.id).status == "accepted"
+    body = client.post(f"/operations/{op.id}/resolve", {
+        **form, **TEXT_ONLY, "resolve-outcome": "failed",
+        "resolve-evidence": "the bank shows no such payment",
+    }, HTTP_HX_REQUEST="true").content.decode()
+
+    op.refresh_from_db()
+    assert "Resolve refused" in body and "reload" in body.lower()
+    assert op.status == "accepted" and not op.resolved_manually and op.error_code == ""
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert audit_count(op, "operation.resolve_failed") == 0
+    intent = PaymentIntent.objects.get()
+    assert intent.status == "processing" and op.external_id == intent.id
+    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_resolution_when_the_engine_moves_on_while_the_provider_is_asked(
+    acme_unknown, operator, sandbox, monkeypatch
+):
+    from operations.engine import people, webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = acme_unknown
+    payment_id = payment_at_provider(op)
+    seen = op.status_changed_at
+    real_verify = people._reference_verify
+
+    def engine_moves_on_meanwhile(op_, **kwargs):
+        verified = real_verify(op_, **kwargs)
+        # While the operator's reference is looked up, a webhook moves the operation on.
+        assert webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_meanwhile", event_type="payment_intent.processing",
+            operation_id=op.id, status=CallOutcome.ACCEPTED))[0] == "applied"
+        return verified
+
+    monkeypatch.setattr(people, "_reference_verify", engine_moves_on_meanwhile)
+    with pytest.raises(TransitionRefused, match="not what the page showed"):
+        operation_resolve(
+            operation_id=op.id, actor=operator, outcome="succeeded",
+            evidence_text="seen in the dashboard", reason="customer asked",
+            provider_reference=payment_id, seen_status_changed_at=seen,
+        )
+    op.refresh_from_db()
+    assert op.status == "accepted" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert not Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).exists()
+    assert audit_count(op, "operation.resolve_succeeded") == 0

@@ -1,0 +1,386 @@
+"""Provider events, from the failure cases of the design brief, broken on purpose against
+PostgreSQL and the sandbox providers over real HTTP: an event delivered twice or out of
+order, one about another object carrying the operation, one that arrives after a person
+decided or while the call is still in flight, and bodies that are forged, malformed or not
+events at all.
+
+Every test counts what reached the provider (POSTs, their keys and parameters) and how many
+external objects exist, not only the final status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from operations import engine
+from operations.models import Attempt, Operation, OperationStatus, WebhookEvent
+from operations.sandbox.models import PaymentIntent
+from operations.sandbox.services import sandbox_fault_set
+from tests.helpers import signed_in
+from tests.operations.engine_helpers import async_payment, authorized_payment, executing_in_flight
+from tests.operations.failure_helpers import payment_posts
+
+S = OperationStatus
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_applies_a_webhook_once_however_often_it_arrives(
+    acme, approver, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="duplicate_webhook", match="*", times=5)
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    events = WebhookEvent.objects.filter(operation=op)
+    assert events.filter(event_type="payment_intent.succeeded").count() == 1
+    assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    # The second copy was answered and changed nothing, but it is on the record.
+    succeeded = events.get(event_type="payment_intent.succeeded")
+    assert succeeded.deliveries == 2
+    from operations.selectors import operation_timeline
+
+    assert any("delivered 2 times, applied at most once" in entry.detail
+               for entry in operation_timeline(op))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_ignores_a_late_event_that_arrives_out_of_order(acme, approver, providers, client):
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = async_payment(acme, approver)
+    result, _ = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_2", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.SUCCEEDED))
+    assert result == "applied"
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_1", event_type="payment_intent.processing", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.ACCEPTED))
+    op.refresh_from_db()
+    assert result == "ignored" and "not allowed" in message
+    assert op.status == S.SUCCEEDED
+    assert WebhookEvent.objects.filter(operation=op).count() == 2
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_ignores_an_event_about_another_object_carrying_the_operation(
+    acme, approver, providers
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = async_payment(acme, approver)
+    # A second PaymentIntent carries this operation id (a data incident) and fails.
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_other", event_type="payment_intent.payment_failed", operation_id=op.id,
+        external_id="pi_someone_elses", status=CallOutcome.FAILED))
+
+    op.refresh_from_db()
+    assert result == "ignored" and "a person decides" in message
+    assert op.status == S.ACCEPTED and op.external_id != "pi_someone_elses"
+    assert op.evidence.filter(kind="webhook", summary__contains="pi_someone_elses").count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("event_type", "status", "said"), [
+    ("payment_intent.succeeded", "succeeded", "succeeded"),
+    ("payment_intent.processing", "accepted", "accepted"),
+])
+def test_it_holds_an_event_about_a_second_payment_carrying_the_operation_for_review(
+    acme, approver, providers, event_type, status, said
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import webhooks_held_for_review
+
+    op = async_payment(acme, approver)
+    # Another PaymentIntent carries this operation id and moves money: one intent, two
+    # effects. Ours stays as the provider reports it; the second is a person's to look at.
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_second", event_type=event_type, operation_id=op.id,
+        external_id="pi_second", status=CallOutcome(status)))
+
+    op.refresh_from_db()
+    assert (result, message) == ("held", (
+        f"held for review: the provider reports a second effect, pi_second ({said}), "
+        f"carrying {op.id}, which records {op.external_id}; a person decides"))
+    assert op.status == S.ACCEPTED and op.external_id != "pi_second"
+    event = WebhookEvent.objects.get(event_id="evt_second")
+    assert event.operation_id == op.id and not event.applied and event.needs_review
+    assert list(webhooks_held_for_review(operation=op)) == [event]
+    assert op.evidence.filter(kind="webhook", summary__contains="pi_second").count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_a_held_event_for_review_until_a_person_decides(
+    acme, approver, operator, providers
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.selectors import webhooks_held_for_review
+
+    op = async_payment(acme, approver)
+    second = WebhookFacts(
+        event_id="evt_second", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id="pi_second", status=CallOutcome.SUCCEEDED)
+    assert engine.webhook_apply(provider="payments", facts=second)[0] == "held"
+    # Then our own payment settles: the operation moves on, the second payment is still there.
+    ours = WebhookFacts(
+        event_id="evt_ours", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.SUCCEEDED)
+    assert engine.webhook_apply(provider="payments", facts=ours)[0] == "applied"
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_second"]
+    client = signed_in(operator)
+    said = f"a second effect, pi_second (succeeded), carrying {op.id}"
+    assert said in client.get(f"/operations/{op.id}/").content.decode()
+    assert said in client.get("/operations/unknown/").content.decode()
+
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="two payments for one invoice: treasury reverses one")
+    assert not webhooks_held_for_review(operation=op).exists()
+    assert WebhookEvent.objects.get(event_id="evt_second").reviewed_at is not None
+    disputed = op.evidence.get(kind="manual")
+    assert disputed.data["reviewed_events"] == ["evt_second"]
+    assert said not in client.get("/operations/unknown/").content.decode()
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_revives_an_operation_a_person_resolved(
+    acme, approver, operator, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    engine.operation_resolve(operation_id=op.id, actor=operator, outcome=S.FAILED,
+                             evidence_text="bank statement shows no debit",
+                             reason="checked with treasury")
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.FAILED and op.resolved_manually
+    event = WebhookEvent.objects.get(operation=op, event_type="payment_intent.succeeded")
+    assert not event.applied and "operator" in event.outcome
+    engine.operation_dispute(operation_id=op.id, actor=operator, reason="treasury re-checking")
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
+    assert Operation.objects.get(id=op.id).status == S.DISPUTED
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert Operation.objects.get(id=op.id).provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_moves_a_disputed_operation_on_a_webhook(
+    acme, approver, operator, providers, live_server
+):
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="the beneficiary disputes the invoice")
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.DISPUTED
+    event = WebhookEvent.objects.get(operation=op, event_type="payment_intent.succeeded")
+    assert not event.applied
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"
+    assert Operation.objects.get(id=op.id).status == S.DISPUTED
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+    assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_rejects_a_webhook_with_a_bad_signature_and_stores_nothing(
+    acme, approver, providers, client
+):
+    op = async_payment(acme, approver)
+    body = (b'{"id": "evt_forged", "type": "payment_intent.succeeded", "created": 1, '
+            b'"data": {"object": {"id": "' + op.external_id.encode() + b'", "status": '
+            b'"succeeded", "metadata": {"operation_id": "' + op.id.encode() + b'"}}}}')
+    response = client.post("/webhooks/payments/", data=body, content_type="application/json",
+                           HTTP_STRIPE_SIGNATURE=f"t={int(time.time())},v1={'0' * 64}")
+    assert response.status_code == 400
+    assert WebhookEvent.objects.count() == 0
+    op.refresh_from_db()
+    assert op.status == S.ACCEPTED
+    assert Attempt.objects.filter(operation=op).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("created", [{}, [1], "soon", 10**30])
+def test_it_answers_400_to_a_signed_event_with_a_malformed_time(client, settings, created):
+    from operations.providers.signing import stripe_signature_header
+
+    body = json.dumps({"id": "evt_odd", "type": "payment_intent.succeeded", "created": created,
+                       "data": {"object": {"id": "pi_1", "status": "succeeded",
+                                           "metadata": {"operation_id": "op_1"}}}}).encode()
+    response = client.post(
+        "/webhooks/payments/", data=body, content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=stripe_signature_header(
+            secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body),
+    )
+    assert response.status_code == 400
+    assert WebhookEvent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lands_the_answer_that_its_own_payments_webhook_overtook(
+    acme, approver, providers, live_server, settings
+):
+    from operations.sandbox.services import sandbox_webhooks_deliver
+
+    op = authorized_payment(acme, approver)
+    # The provider commits the payment and says so by webhook before its answer arrives.
+    call = executing_in_flight(op, settings, fault="commit_then_drop", seconds=1.5)
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+    event = WebhookEvent.objects.get(operation=op)
+    # Kept while the call is in flight: which object is ours, only the answer says.
+    assert Operation.objects.get(id=op.id).status == S.IN_PROGRESS and not event.applied
+    call.join()
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id == event.external_id
+    assert op.evidence.filter(from_status=S.IN_PROGRESS, to_status=S.SUCCEEDED).count() == 1
+    event.refresh_from_db()
+    assert not event.needs_review, "its own payment's event is not a second effect"
+    assert len(payment_posts(op)) == op.provider_calls == 1
+
+
+@pytest.mark.django_db
+def test_it_answers_400_not_500_to_a_signature_header_that_is_not_ascii(client):
+    from operations.sandbox.selectors import sandbox_requests
+
+    body = b'{"id": "evt_x", "type": "payment_intent.succeeded", "data": {"object": {}}}'
+    for provider, header in (("payments", {"HTTP_STRIPE_SIGNATURE": "t=1,v1=\xff"}),
+                             ("crm", {"HTTP_X_CRM_SIGNATURE": "sha256=\xe9"}),
+                             ("mail", {"HTTP_X_MAIL_SIGNATURE": "sha256=\xe9"})):
+        response = client.post(f"/webhooks/{provider}/", data=body,
+                               content_type="application/json", **header)
+        assert response.status_code == 400, provider
+    assert WebhookEvent.objects.count() == 0
+    refused = client.get("/sandbox/payments/v1/payment_intents/pi_1",
+                         HTTP_AUTHORIZATION="Bearer \xe9")
+    assert refused.status_code == 401
+    assert sandbox_requests(provider="payments").count() == 1  # logged, refused, nothing else
+
+
+def _signed_stripe_post(client, settings, body: bytes, *, header: str | None = None):
+    from operations.providers.signing import stripe_signature_header
+
+    signature = header if header is not None else stripe_signature_header(
+        secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body)
+    return client.post("/webhooks/payments/", data=body, content_type="application/json",
+                       HTTP_STRIPE_SIGNATURE=signature)
+
+
+def _stripe_event(op: Operation, *, event_id: str, status: str) -> bytes:
+    """Stripe's event about the async payment's intent (async_payment's sum) now in `status`."""
+    return json.dumps({
+        "id": event_id, "object": "event", "type": f"payment_intent.{status}",
+        "created": int(time.time()),
+        "data": {"object": {"id": op.external_id, "status": status, "amount": 150_000_000,
+                            "currency": "kzt", "metadata": {"operation_id": op.id}}},
+    }).encode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_applies_a_signed_event_once_and_answers_its_duplicate_200(
+    acme, approver, providers, client, settings
+):
+    op = async_payment(acme, approver)
+    body = _stripe_event(op, event_id="evt_twice", status="succeeded")
+
+    first = _signed_stripe_post(client, settings, body)
+    again = _signed_stripe_post(client, settings, body)
+
+    # A duplicate is answered 2xx too: anything else and the provider resends it for days.
+    assert (first.status_code, first.json()["result"]) == (200, "applied")
+    assert (again.status_code, again.json()["result"]) == (200, "duplicate")
+    event = WebhookEvent.objects.get()
+    assert (event.event_id, event.deliveries, event.applied) == ("evt_twice", 2, True)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_fails_a_pending_payment_on_stripes_canceled_event_without_calling_again(
+    acme, approver, providers, client, settings
+):
+    # Stripe ends a PaymentIntent as canceled, not requires_payment_method, once an attempt
+    # fails past its confirmation limit or a processing one is cancelled: a final answer.
+    op = async_payment(acme, approver)
+    body = _stripe_event(op, event_id="evt_canceled", status="canceled")
+
+    answer = _signed_stripe_post(client, settings, body)
+
+    assert (answer.status_code, answer.json()["result"]) == (200, "applied")
+    op.refresh_from_db()
+    assert (op.status, op.error_code) == (S.FAILED, "provider_failed")
+    assert op.provider_calls == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"[]",
+        b'{"type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": null, "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": ["pi_1"]}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": "op_1"}}}',
+        b'{"id": "evt_' + b"1" * 120 + b'", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.' + b"x" * 80 + b'", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_' + b"1" * 120 + b'"}}}',
+    ],
+    ids=["not-json", "not-an-object", "no-id", "null-id", "empty-id", "no-data",
+         "object-not-an-object", "metadata-not-an-object", "id-too-long", "type-too-long",
+         "object-id-too-long"],
+)
+def test_it_answers_400_and_stores_nothing_for_a_signed_body_that_is_not_an_event(
+    client, settings, body
+):
+    # Signed by the provider, yet nothing we can deduplicate or store: an event without an
+    # id, stored once, would make every later id-less event its "duplicate"; a value wider
+    # than its column would fail the INSERT with a 500, which the provider retries for days.
+    response = _signed_stripe_post(client, settings, body)
+    assert response.status_code == 400
+    assert WebhookEvent.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_it_answers_404_to_an_unknown_provider_and_405_to_a_get(client, settings):
+    from operations.providers.signing import hmac_signature_header
+
+    body = b'{"id": "evt_1", "type": "deal.updated", "created": 1, "data": {"object": {}}}'
+    unknown = client.post("/webhooks/bank/", data=body, content_type="application/json",
+                          HTTP_X_CRM_SIGNATURE=hmac_signature_header(
+                              secret=settings.CRM_WEBHOOK_SECRET, body=body))
+    assert unknown.status_code == 404 and "unknown provider 'bank'" in unknown.json()["error"]
+    assert client.get("/webhooks/payments/").status_code == 405
+    assert WebhookEvent.objects.count() == 0

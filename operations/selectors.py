@@ -330,8 +330,14 @@ def operation_timeline(op) -> list[TimelineEntry]:
             else "held for review" if attempt.reviewed_at is None
             else "held for review, answered by a person's decision"
         )
+        # A call with no answer at all (its worker died or stalled): until when it may still
+        # reach the provider is what a lookup that finds nothing must wait out.
+        unanswered = (
+            f"no answer yet; may reach the provider until {attempt.reach_until:%H:%M:%S}"
+            if attempt.kind == AttemptKind.CALL and attempt.finished_at is None else ""
+        )
         parts = (http, account, attempt.external_id, attempt.error_class,
-                 attempt.error_message[:200], held)
+                 attempt.error_message[:200], unanswered, held)
         entry = TimelineEntry(
             at=attempt.started_at,
             kind="attempt",

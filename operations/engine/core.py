@@ -68,11 +68,11 @@ def lease_duration() -> timedelta:
     return timedelta(seconds=settings.OPERATION_LEASE_SECONDS)
 
 
-def call_reach() -> timedelta:
-    """How long after its claim a call that got no answer may still reach the provider: it
-    may have been sent as late as its lease ran out (execute sends nothing after), then
-    taken up to the client's timeout."""
-    return lease_duration() + timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
+def call_reach_until(lease_expires_at: datetime) -> datetime:
+    """Until when a call made under a lease ending then may reach the provider: it may be
+    sent as late as the lease runs out (execute sends nothing after), and is out or given up
+    within the client's timeout (`send_timeout`). Kept on the call (`Attempt.reach_until`)."""
+    return lease_expires_at + timedelta(seconds=float(settings.PROVIDER_TIMEOUT_SECONDS))
 
 
 def worker_name() -> str:
@@ -139,17 +139,18 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
     if last_call is not None and op.provider_calls == 0:
         # The call just claimed is the first: the key was never sent before it.
         calls = [{"started_at": last_call.started_at, "finished_at": last_call.finished_at,
+                  "reach_until": last_call.reach_until,
                   "provider_account": last_call.provider_account}]
     else:
         calls = list(
             op.attempts.filter(kind=AttemptKind.CALL)
             .order_by("number")
-            .values("started_at", "finished_at", "provider_account")
+            .values("started_at", "finished_at", "reach_until", "provider_account")
         )
     last_call_at = key_first_sent_at = None
     if calls:
         # The provider may act at any moment until the answer arrives.
-        last_call_at = calls[-1]["finished_at"] or calls[-1]["started_at"] + call_reach()
+        last_call_at = calls[-1]["finished_at"] or calls[-1]["reach_until"]
         # Providers age a key from its first use, which was no earlier than this.
         key_first_sent_at = calls[0]["started_at"]
     return OperationSnapshot(
@@ -172,7 +173,7 @@ def unanswered_call_lands_by(
     None when there is no such call.
 
     Without `late_landing`: the calls that never got any answer (their worker died or
-    stalled), each until its claim plus call_reach(). Enough before calling again, which the
+    stalled), each until its `reach_until`. Enough before calling again, which the
     provider dedups (by key, natural key or version). With it (the contract's, before
     closing an operation as never done): those calls and the ones the client gave up on
     (timeout, lost connection, 5xx) too, each that much longer. A call refused before it
@@ -181,10 +182,10 @@ def unanswered_call_lands_by(
     if late_landing is not None:
         unanswered |= Q(outcome=AttemptOutcome.UNKNOWN)
     ends = [
-        (finished or started + call_reach()) + (late_landing or timedelta(0))
-        for started, finished in Attempt.objects.filter(
+        (finished or reach_until) + (late_landing or timedelta(0))
+        for reach_until, finished in Attempt.objects.filter(
             unanswered, operation_id=op.id, kind=AttemptKind.CALL,
-        ).exclude(error_class="lease_lost").values_list("started_at", "finished_at")
+        ).exclude(error_class="lease_lost").values_list("reach_until", "finished_at")
     ]
     return max(ends, default=None)
 

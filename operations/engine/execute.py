@@ -203,6 +203,7 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
             worker=worker,
             idempotency_key=op.idempotency_key,
             provider_account=account,
+            reach_until=core.call_reach_until(lease_expires_at),
         )
 
     # The attempt just created is the newest call: no need to read it back.

@@ -57,6 +57,11 @@ class Attempt(models.Model):
     # never the key): a lookup in another account cannot prove a call absent. Empty on rows
     # written before it was kept.
     provider_account = models.CharField(max_length=20, blank=True)
+    # A call's latest moment to reach the provider: the end of its lease (nothing is sent
+    # after it) plus the client's timeout, both as they were when it was made. Kept with the
+    # call because a rolling deploy that shortens either setting must not shorten the wait
+    # for calls the old workers made. None for a lookup.
+    reach_until = models.DateTimeField(null=True, blank=True)
     # A call's answer that arrived too late to land (the operation had moved on without it)
     # and contradicts what the journal now says, as a provider event reporting the same
     # would: a payment after a person disputed or failed it, a second object. Shown to
@@ -95,6 +100,11 @@ class Attempt(models.Model):
             models.CheckConstraint(
                 condition=models.Q(needs_review=True) | models.Q(reviewed_at__isnull=True),
                 name="attempt_reviewed_only_if_held",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(kind=AttemptKind.CALL, reach_until__isnull=False)
+                | models.Q(kind=AttemptKind.LOOKUP, reach_until__isnull=True),
+                name="attempt_call_has_reach",
             ),
         ]
 

@@ -92,6 +92,18 @@ class LeaseLost(Exception):
     """The lease ran out before the request went out: nothing was sent."""
 
 
+def send_timeout(seconds: float) -> httpx.Timeout:
+    """The client's timeouts for an exchange allowed `seconds`: the request is out, or given
+    up, within `seconds` of the call, which the engine counts on to know until when a call
+    whose answer never came may still reach the provider (`call_reach_until`). httpx applies
+    one figure to each phase on its own, so `seconds` alone would let a request leave as late
+    as four times it: waiting for a pooled connection, connecting, and writing the headers
+    and then the body (ours fit in one write each) share it. Reading the answer may take all
+    of it."""
+    share = seconds / 4
+    return httpx.Timeout(seconds, pool=share, connect=share, write=share)
+
+
 def send(
     method: str,
     url: str,
@@ -107,7 +119,7 @@ def send(
         raise LeaseLost(f"the lease ran out at {deadline:%H:%M:%S}; {method} not sent")
     all_headers = {"Authorization": f"Bearer {api_key}", **(headers or {})}
     # Read at call time so a settings override (tests, an operator's env change) takes effect.
-    timeout = float(settings.PROVIDER_TIMEOUT_SECONDS)
+    timeout = send_timeout(float(settings.PROVIDER_TIMEOUT_SECONDS))
     try:
         response = _shared_client().request(
             method, url, headers=all_headers, data=data, json=json, params=params,

@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from operations.engine import operation_authorize, operation_execute, operation_prepare
+from operations.engine.core import call_reach_until
 from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 
@@ -71,16 +72,21 @@ def replaced_and_run(op: Operation, approver) -> Operation | None:
     return replacement
 
 
-def died_mid_call(op: Operation, *, claimed) -> Operation:
+def died_mid_call(op: Operation, *, claimed, timeout: float | None = None) -> Operation:
     """What a worker killed mid-call leaves: its claim, with a 30 s lease from `claimed`,
-    and a call attempt with no answer."""
+    and a call attempt with no answer, made with a client timeout of `timeout` seconds
+    (the settings' when None)."""
+    lease_expires_at = claimed + timedelta(seconds=30)
     Operation.objects.filter(id=op.id).update(
         status=OperationStatus.IN_PROGRESS, status_changed_at=claimed, lease_owner="dead:1",
-        lease_expires_at=claimed + timedelta(seconds=30), provider_calls=1,
-        next_reconcile_at=None)
-    attempt = Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL,
-                                     worker="dead:1", idempotency_key=op.idempotency_key)
-    Attempt.objects.filter(id=attempt.id).update(started_at=claimed)
+        lease_expires_at=lease_expires_at, provider_calls=1, next_reconcile_at=None)
+    reach_until = (
+        call_reach_until(lease_expires_at) if timeout is None
+        else lease_expires_at + timedelta(seconds=timeout)
+    )
+    Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL, worker="dead:1",
+                           idempotency_key=op.idempotency_key, started_at=claimed,
+                           reach_until=reach_until)
     op.refresh_from_db()
     return op
 

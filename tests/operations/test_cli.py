@@ -8,9 +8,11 @@ import sys
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from operations.models import AuditEvent, Operation, Run
 from tests.conftest import BASE_DIR, database_url
+from tests.factories import CallAttemptFactory
 from tests.operations.engine_helpers import PAYMENT, make_unknown, prepared_payment
 
 
@@ -250,8 +252,9 @@ def test_it_refuses_a_run_of_another_tenant(acme, globex):
 def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_payment):
     from operations.models import Attempt
 
-    Attempt.objects.create(operation=acme_payment, number=1, kind="lookup", outcome="found",
-                           http_status=200, external_id="pi_9", provider_account="acct_1a2b")
+    lookup = Attempt.objects.create(
+        operation=acme_payment, number=1, kind="lookup", outcome="found", http_status=200,
+        external_id="pi_9", provider_account="acct_1a2b", finished_at=timezone.now())
     data = json.loads(_run("show", acme_payment.id, "--json"))
     op = acme_payment
     assert data == {
@@ -263,7 +266,8 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
         "provider_calls": 0, "created_at": op.created_at.isoformat(),
         "attempts": [{"number": 1, "kind": "lookup", "outcome": "found", "http_status": 200,
                       "external_id": "pi_9", "provider_account": "acct_1a2b",
-                      "started_at": data["attempts"][0]["started_at"],
+                      "started_at": lookup.started_at.isoformat(),
+                      "finished_at": lookup.finished_at.isoformat(), "reach_until": None,
                       "held_for_review": False, "review_note": ""}],
     }
 
@@ -276,10 +280,8 @@ def test_it_refuses_a_list_limit_below_one(acme_payment):
 
 @pytest.mark.django_db
 def test_it_shows_a_call_answer_held_for_review(acme_payment):
-    from operations.models import Attempt
-
-    Attempt.objects.create(
-        operation=acme_payment, number=1, kind="call", outcome="succeeded", external_id="pi_1",
+    CallAttemptFactory(
+        operation=acme_payment, outcome="succeeded", external_id="pi_1",
         needs_review=True, review_note="the provider reports succeeded (pi_1); stays disputed",
     )
     attempt = json.loads(_run("show", acme_payment.id, "--json"))["attempts"][0]
@@ -287,3 +289,13 @@ def test_it_shows_a_call_answer_held_for_review(acme_payment):
         True, "the provider reports succeeded (pi_1); stays disputed")
     text = _run("show", acme_payment.id)
     assert "held for review: the provider reports succeeded (pi_1); stays disputed" in text
+
+
+@pytest.mark.django_db
+def test_it_shows_until_when_a_call_may_reach_the_provider(acme_payment):
+    call = CallAttemptFactory(operation=acme_payment, timeout=60)
+
+    attempt = json.loads(_run("show", acme_payment.id, "--json"))["attempts"][0]
+
+    assert attempt["finished_at"] is None
+    assert attempt["reach_until"] == call.reach_until.isoformat()

@@ -21,6 +21,7 @@ from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_payment_create
 from operations.selectors import answers_held_for_review, dashboard_metrics
+from tests.factories import CallAttemptFactory
 from tests.helpers import signed_in, wait_for
 from tests.operations.engine_helpers import (
     PAYMENT,
@@ -157,8 +158,8 @@ def test_it_holds_nothing_when_the_late_answer_names_the_payment_a_lookup_settle
 def held_answer(op: Operation) -> Attempt:
     """Test-only: what `late_answer_decide` leaves on a call whose late answer contradicted
     the journal."""
-    call = Attempt.objects.create(
-        operation=op, number=1, kind=AttemptKind.CALL, outcome="succeeded",
+    call = CallAttemptFactory(
+        operation=op, outcome="succeeded",
         external_id="pi_late", needs_review=True,
         review_note=f"the provider reports succeeded (pi_late); {op.id} stays {op.status}",
     )

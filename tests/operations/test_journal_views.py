@@ -8,7 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from operations.engine import operation_prepare
-from operations.models import Attempt, AuditEvent, Evidence, EvidenceKind, Operation
+from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
+from tests.factories import CallAttemptFactory
 from tests.helpers import signed_in
 from tests.operations.engine_helpers import make_unknown, prepared_payment
 
@@ -27,8 +28,8 @@ def _version_conflict(tenant) -> Operation:
     conflict = prepared_payment(tenant, invoice_id="inv_c")
     Operation.objects.filter(id=conflict.id).update(
         status="failed", error_code="version_conflict", provider_calls=1)
-    Attempt.objects.create(operation=conflict, number=1, kind="call", outcome="failed",
-                           http_status=409, error_class="version_conflict")
+    CallAttemptFactory(operation=conflict, outcome="failed", http_status=409,
+                       error_class="version_conflict")
     return conflict
 
 @pytest.mark.django_db

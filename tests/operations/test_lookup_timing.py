@@ -21,6 +21,7 @@ from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
+from tests.factories import CallAttemptFactory
 from tests.helpers import Background, wait_for
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
@@ -188,9 +189,7 @@ def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
 
     op = authorized_payment(acme, approver)
     then = timezone.now() - timedelta(hours=25)  # "processing" at the bank for a day
-    Attempt.objects.create(operation=op, number=1, kind="call", worker="w", started_at=then,
-                           finished_at=then, outcome="accepted",
-                           idempotency_key=op.idempotency_key)
+    CallAttemptFactory(operation=op, started_at=then, finished_at=then, outcome="accepted")
     Operation.objects.filter(id=op.id).update(status=S.ACCEPTED, external_id="pi_x",
                                               provider_calls=1, next_reconcile_at=timezone.now())
     real = core.adapter("payments.create")
@@ -266,12 +265,13 @@ def test_it_closes_as_never_done_once_no_call_can_land_and_the_approval_ran_out(
 def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_could_land(
     acme, approver, providers, settings
 ):
-    from operations.engine.core import adapter, call_reach, snapshot
+    from operations.engine.core import adapter, snapshot
 
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
     op = authorized_payment(acme, approver)
     # A worker claimed 70 s ago and died without an answer; its call may have reached the
-    # provider as late as its claim plus call_reach() (31 s here), and did commit.
+    # provider as late as its lease's end plus the client's timeout (31 s after the claim
+    # here), and did commit.
     claimed = timezone.now() - timedelta(seconds=70)
     op = died_mid_call(op, claimed=claimed)
     assert adapter(op.action).call(snapshot(op)).external_id
@@ -285,7 +285,7 @@ def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_coul
     assert op.status == S.UNKNOWN
     assert "lag" in op.evidence.filter(kind="lookup").last().data["reason"]
     # Checked again once the lag has passed after the call's reach, not before.
-    lag_ends = claimed + call_reach() + timedelta(seconds=60)
+    lag_ends = claimed + timedelta(seconds=31 + 60)
     assert abs((op.next_reconcile_at - lag_ends).total_seconds()) < 5
     assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
@@ -310,9 +310,8 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
         # first use, so this call does not make it keep the key any longer.
         calls.append(timezone.now() - timedelta(hours=1))
     for number, sent in enumerate(calls, start=1):
-        Attempt.objects.create(operation=op, number=number, kind="call", worker="w",
-                               started_at=sent, finished_at=sent, outcome="unknown",
-                               idempotency_key=op.idempotency_key)
+        CallAttemptFactory(operation=op, number=number, started_at=sent, finished_at=sent,
+                           outcome="unknown")
     Operation.objects.filter(id=op.id).update(status=S.UNKNOWN, provider_calls=len(calls),
                                               unknown_since=calls[-1])
     real = core.adapter("payments.create")

@@ -47,6 +47,9 @@ def _as_dict(op: Operation) -> dict[str, Any]:
                 "external_id": a.external_id,
                 "provider_account": a.provider_account,
                 "started_at": a.started_at.isoformat(),
+                "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+                # A call's latest moment to reach the provider (None for a lookup).
+                "reach_until": a.reach_until.isoformat() if a.reach_until else None,
                 # A late answer that contradicts the journal, until a person decides.
                 "held_for_review": a.needs_review and a.reviewed_at is None,
                 "review_note": a.review_note,

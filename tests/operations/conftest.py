@@ -53,3 +53,15 @@ def sandbox_worker_env(sandbox) -> dict[str, str]:
 def providers(sandbox, sandbox_worker_env) -> dict[str, str]:
     """Adapters here and in worker processes talk to the sandbox of the live server."""
     return sandbox_worker_env
+
+
+@pytest.fixture
+def providers_drained(providers) -> Iterator[dict[str, str]]:
+    """`providers`, for tests whose slow requests may outlive them: a request still running
+    at the sandbox would land in the next test's database, so teardown waits for each."""
+    from operations.sandbox.selectors import sandbox_requests
+    from tests.helpers import wait_for
+
+    yield providers
+    wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
+             timeout=15, what="every request to end at the sandbox")

@@ -83,6 +83,7 @@ def test_it_cancels_an_approval_that_expired_before_the_worker_got_to_it(
     assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
 
 
+@pytest.mark.django_db(transaction=True)
 def test_it_shows_the_claim_before_the_call_it_started_in_the_timeline(
     acme, approver, providers
 ):

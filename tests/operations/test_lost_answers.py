@@ -143,6 +143,7 @@ def test_it_stops_calling_with_a_key_the_provider_answers_with_a_kept_500(
     assert PaymentIntent.objects.count() == 0
 
 
+@pytest.mark.django_db(transaction=True)
 def test_it_clears_the_lost_answers_error_once_the_lookup_finds_the_payment(
     acme, approver, providers
 ):

@@ -9,7 +9,6 @@ operation or lets another one take its place, until nothing can land any more.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -19,24 +18,12 @@ from operations import engine
 from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
-from operations.sandbox.selectors import sandbox_requests, sandbox_writes
 from operations.sandbox.services import sandbox_fault_clear, sandbox_fault_set
 from tests.helpers import wait_for
 from tests.operations.engine_helpers import authorized_payment
+from tests.operations.failure_helpers import payment_posts
 
 S = OperationStatus
-
-
-@pytest.fixture
-def providers(sandbox, sandbox_worker_env) -> Iterator[dict[str, str]]:
-    yield sandbox_worker_env
-    # A slow request still running at the sandbox would land in the next test's database.
-    wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
-             timeout=15, what="every request to end at the sandbox")
-
-
-def payment_posts(op: Operation):
-    return sandbox_writes(provider="payments", operation_id=op.id)
 
 
 def given_up_then_proven_absent(op: Operation) -> Operation:
@@ -59,7 +46,7 @@ def slow_post_landed(op: Operation) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_it_refuses_to_supersede_an_intent_whose_given_up_call_may_still_land(
-    acme, approver, providers
+    acme, approver, providers_drained
 ):
     old = given_up_then_proven_absent(authorized_payment(acme, approver))
     # The agent changes the amount: a new intent would replace this one, with its own
@@ -86,7 +73,7 @@ def test_it_refuses_to_supersede_an_intent_whose_given_up_call_may_still_land(
 
 @pytest.mark.django_db(transaction=True)
 def test_it_does_not_cancel_on_a_stale_read_after_another_worker_called(
-    acme, approver, providers, monkeypatch
+    acme, approver, providers_drained, monkeypatch
 ):
     from operations.engine import execute as execute_module
 
@@ -147,7 +134,7 @@ def _landed_late_unseen(
 
 @pytest.mark.django_db(transaction=True)
 def test_it_waits_out_the_search_lag_after_the_last_moment_a_call_could_land(
-    acme, approver, providers, settings
+    acme, approver, providers_drained, settings
 ):
     # As it is 65 s after our client gave up: the provider carried the POST out 50 s after
     # that (inside the contract's 60 s late-landing window), and its search shows a payment
@@ -171,7 +158,7 @@ def test_it_waits_out_the_search_lag_after_the_last_moment_a_call_could_land(
 
 @pytest.mark.django_db(transaction=True)
 def test_it_takes_an_empty_search_for_the_moment_it_was_sent_not_answered(
-    acme, approver, providers, settings, monkeypatch
+    acme, approver, providers_drained, settings, monkeypatch
 ):
     from operations.engine import core
 

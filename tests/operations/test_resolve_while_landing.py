@@ -10,15 +10,13 @@ Against the sandbox over real HTTP: every test counts the provider's writes and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from operations import engine
 from operations.engine import TransitionRefused
 from operations.models import OperationStatus
 from operations.sandbox.models import PaymentIntent
-from operations.sandbox.selectors import sandbox_requests, sandbox_writes
+from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.helpers import wait_for
 from tests.operations.engine_helpers import PAYMENT, authorized_payment, replaced_and_run
@@ -26,17 +24,9 @@ from tests.operations.engine_helpers import PAYMENT, authorized_payment, replace
 S = OperationStatus
 
 
-@pytest.fixture
-def providers(sandbox) -> Iterator[str]:
-    yield sandbox
-    # A slow request still running at the sandbox would land in the next test's database.
-    wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
-             timeout=15, what="every request to end at the sandbox")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_it_makes_no_second_payment_when_a_person_fails_an_operation_whose_call_may_land(
-    acme, approver, operator, providers
+    acme, approver, operator, providers_drained
 ):
     op = authorized_payment(acme, approver)
     # The provider takes 3 s over the POST; our client gives up after 1 s.

@@ -1,7 +1,7 @@
 """A call's reach, the latest moment its request may get to the provider, is kept with the
-call: the waits that turn on it (a search's lag, closing an operation as never done) hold
-for calls made under settings that a later release shortened, as in a rolling deploy where
-old workers still have calls out."""
+call: the waits that turn on it (a search's lag, test_lookup_timing; closing an operation as
+never done) hold for calls made under settings that a later release shortened, as in a
+rolling deploy where old workers still have calls out."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import pytest
 from django.utils import timezone
 
 from operations import engine
-from operations.engine.core import adapter, snapshot, unanswered_call_lands_by
+from operations.engine.core import unanswered_call_lands_by
 from operations.models import Attempt, AttemptKind, OperationStatus
 from operations.providers.transport import send_timeout
 from operations.sandbox.models import PaymentIntent
-from operations.sandbox.selectors import sandbox_writes
-from operations.sandbox.services import sandbox_fault_set
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 
 S = OperationStatus
@@ -39,35 +37,6 @@ def test_it_keeps_with_each_call_the_reach_its_lease_and_timeout_gave_it(
     assert before + timedelta(seconds=32) <= call.reach_until
     assert call.reach_until <= call.started_at + timedelta(seconds=32)
     assert not Attempt.objects.filter(kind=AttemptKind.LOOKUP, reach_until__isnull=False)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_it_waits_out_the_search_lag_from_a_calls_own_reach_after_the_timeout_was_shortened(
-    acme, approver, sandbox, settings
-):
-    settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
-    op = authorized_payment(acme, approver)
-    # A worker of the previous release (a 60 s client timeout) claimed 100 s ago and died
-    # mid-call; its call may have reached the provider until 10 s ago, and did.
-    claimed = timezone.now() - timedelta(seconds=100)
-    op = died_mid_call(op, claimed=claimed, timeout=60)
-    reach_until = Attempt.objects.get(operation=op).reach_until
-    assert reach_until == claimed + timedelta(seconds=90)
-    assert adapter(op.action).call(snapshot(op)).external_id
-    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
-    # This release gives up after 1 s (the sandbox fixture): by its own settings the call
-    # could have landed only until 69 s ago, and the search's lag would be over.
-
-    report = engine.operation_reconcile(operation_id=op.id)
-
-    op.refresh_from_db()
-    assert report.outcome == "inconclusive" and not report.may_call_again
-    assert op.status == S.UNKNOWN
-    lag_ends = reach_until + timedelta(seconds=60)
-    assert abs((op.next_reconcile_at - lag_ends).total_seconds()) < 1
-    # Only the call that landed reached the provider; nothing was sent again.
-    assert len(sandbox_writes(provider="payments", operation_id=op.id)) == 1
-    assert PaymentIntent.objects.count() == 1
 
 
 @pytest.mark.django_db

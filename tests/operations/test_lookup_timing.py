@@ -261,19 +261,26 @@ def test_it_closes_as_never_done_once_no_call_can_land_and_the_approval_ran_out(
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 0
 
 
+@pytest.mark.parametrize(("claimed_ago", "timeout", "reach"), [
+    # This release's client timeout (1 s, the sandbox fixture's).
+    (70, None, 31),
+    # An earlier release's 60 s one, shortened since (a rolling deploy): by today's settings
+    # the call could have landed only until 69 s ago, and the search's lag would be over.
+    (100, 60, 90),
+])
 @pytest.mark.django_db(transaction=True)
 def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_could_land(
-    acme, approver, providers, settings
+    acme, approver, providers, settings, claimed_ago, timeout, reach
 ):
     from operations.engine.core import adapter, snapshot
 
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 60
     op = authorized_payment(acme, approver)
-    # A worker claimed 70 s ago and died without an answer; its call may have reached the
-    # provider as late as its lease's end plus the client's timeout (31 s after the claim
-    # here), and did commit.
-    claimed = timezone.now() - timedelta(seconds=70)
-    op = died_mid_call(op, claimed=claimed)
+    # A worker claimed a while ago and died without an answer; its call may have reached the
+    # provider as late as its lease's end plus its client's timeout (`reach` seconds after
+    # the claim), and did commit.
+    claimed = timezone.now() - timedelta(seconds=claimed_ago)
+    op = died_mid_call(op, claimed=claimed, timeout=timeout)
     assert adapter(op.action).call(snapshot(op)).external_id
     # The provider's search does not show it yet (its lag, from when the call could land).
     sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
@@ -285,9 +292,10 @@ def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_coul
     assert op.status == S.UNKNOWN
     assert "lag" in op.evidence.filter(kind="lookup").last().data["reason"]
     # Checked again once the lag has passed after the call's reach, not before.
-    lag_ends = claimed + timedelta(seconds=31 + 60)
+    lag_ends = claimed + timedelta(seconds=reach + 60)
     assert abs((op.next_reconcile_at - lag_ends).total_seconds()) < 5
     assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+    # Nothing was sent again: only the call that landed reached the provider.
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
 
 

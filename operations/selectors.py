@@ -146,6 +146,7 @@ def dashboard_metrics(user) -> dict:
         "total": sum(by_status.values()),
         "unknown_count": by_status.get(OperationStatus.UNKNOWN, 0),
         "unknown_oldest_since": oldest_unknown,
+        "disputed_count": by_status.get(OperationStatus.DISPUTED, 0),
         "reconcile_p50": p50,
         "reconcile_p95": p95,
         # From the calls that met one: the operation's own error is cleared when a person
@@ -201,15 +202,29 @@ def operations_journal(user, *, filters: OperationFilters):
 
 def operations_unknown_queue(user, *, limit: int = 100):
     """The operators' queue: unknown operations, oldest first, with the last evidence."""
+    return _operations_waiting(
+        user, status=OperationStatus.UNKNOWN, order=("unknown_since", "id"), limit=limit
+    )
+
+
+def operations_disputed_queue(user, *, limit: int = 100):
+    """Disputed operations, on hold until a person resolves them: no lookup or event moves
+    them, so they wait in the operators' queue too, longest on hold first."""
+    return _operations_waiting(
+        user, status=OperationStatus.DISPUTED, order=("status_changed_at", "id"), limit=limit
+    )
+
+
+def _operations_waiting(user, *, status: str, order: tuple[str, ...], limit: int):
     last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
     return list(
         operations_for_user(user)
-        .filter(status=OperationStatus.UNKNOWN)
+        .filter(status=status)
         .select_related("tenant")
         .annotate(
             last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),
         )
-        .order_by("unknown_since", "id")[:limit]
+        .order_by(*order)[:limit]
     )
 
 

@@ -40,6 +40,7 @@ from operations.selectors import (
     operation_for_user,
     operation_superseded_by,
     operation_timeline,
+    operations_disputed_queue,
     operations_journal,
     operations_unknown_count,
     operations_unknown_queue,
@@ -89,11 +90,15 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
     held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
     held_answers = answers_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    disputed = [
+        (op, intent_summary(action=op.action, payload=op.payload))
+        for op in operations_disputed_queue(request.user, limit=UNKNOWN_QUEUE_SIZE)
+    ]
     # An auditor reads the same queue; it must not tell them to do what they may not.
     may_operate = tenants_for_user(request.user, "operate_operations").exists()
     return render(request, "operations/unknown.html", {
         "rows": rows, "total": total, "held": held, "held_answers": held_answers,
-        "may_operate": may_operate,
+        "disputed": disputed, "may_operate": may_operate,
     })
 
 

@@ -279,6 +279,33 @@ def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, op
 
 
 @pytest.mark.django_db
+def test_it_queues_disputed_operations_for_a_person_and_counts_them_on_the_dashboard(
+    acme, globex, operator, other_tenant_user
+):
+    from operations.engine import operation_dispute
+
+    disputed = operation_dispute(
+        operation_id=make_unknown(prepared_payment(acme, invoice_id="inv_disputed")).id,
+        actor=operator, reason="the customer says it was paid twice",
+    )
+    hidden = operation_dispute(
+        operation_id=make_unknown(prepared_payment(globex, invoice_id="inv_globex")).id,
+        actor=other_tenant_user, reason="not ours to see",
+    )
+
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+
+    assert 'id="disputed"' in html and disputed.id in html
+    assert "marked disputed by operator: the customer says it was paid twice" in html
+    assert hidden.id not in html
+    # Nothing unknown, but something waits for a person: the page must not say otherwise.
+    assert "No unknown operations." in html and "Nothing waits for a person." not in html
+    dashboard = signed_in(operator).get("/").content.decode()
+    assert 'aria-label="1 disputed, on hold until a person resolves them"' in dashboard
+    assert 'href="/operations/unknown/#disputed"' in dashboard
+
+
+@pytest.mark.django_db
 def test_it_says_how_many_unknowns_wait_beyond_the_queue_page(acme, operator, monkeypatch):
     monkeypatch.setattr("operations.views.UNKNOWN_QUEUE_SIZE", 2)
     ops = [make_unknown(prepared_payment(acme, invoice_id=f"inv_{i}"),

@@ -217,3 +217,24 @@ def test_it_answers_404_not_500_to_an_id_no_record_can_have(admin_user, path):
     from tests.helpers import signed_in
 
     assert signed_in(admin_user).get(path).status_code == 404
+
+
+@pytest.mark.django_db
+def test_it_marks_where_a_person_is_in_the_navigation(acme, operator):
+    from tests.helpers import signed_in
+    from tests.operations.engine_helpers import prepared_payment
+
+    op = prepared_payment(acme)
+    client = signed_in(operator)
+
+    def current(path: str) -> list[tuple[str, str]]:
+        html = client.get(path).content.decode()
+        nav = html[html.index('<nav aria-label="Main"'):html.index("</nav>")]
+        return re.findall(r'aria-current="(\w+)">([^<]+)</a>', nav)
+
+    assert current("/") == [("page", "Dashboard")]
+    assert current("/operations/") == [("page", "Operations")]
+    # Inside a section: its item is marked as the current one of the set, not as this page.
+    assert current("/operations/unknown/") == [("true", "Operations")]
+    assert current(f"/operations/{op.id}/") == [("true", "Operations")]
+    assert current("/runs/") == [("page", "Runs")]

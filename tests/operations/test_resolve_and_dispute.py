@@ -53,6 +53,12 @@ def test_it_resolves_as_failed_with_the_error_recorded(acme_unknown, operator):
     op.refresh_from_db()
     assert op.status == "failed" and op.error_code == "resolved_failed"
     assert audit_count(op, "operation.resolve_failed") == 1
+    # The person's evidence is shown as theirs, not as an error the provider or we made.
+    page = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+    assert (
+        f"<dt>Failed, by a person's evidence</dt><dd>{RESOLVE['resolve-evidence']}</dd>"
+    ) in page
+    assert "<dt>Error</dt>" not in page
 
 
 @pytest.mark.django_db

@@ -109,7 +109,10 @@ def _panel_context(
     forms: dict[str, Any] | None = None,
     notice: str = "",
     notice_level: str = "",
+    done: str = "",
 ) -> dict[str, Any]:
+    """`done`: the prefix of the action that just went through; its fields come back empty
+    (the others' drafts stay, hx-preserve'd)."""
     can_operate = request.user.has_perm("operations.operate_operations", op.tenant)
     # The buttons follow the engine: reconcile where a reconcile would ask the provider (an
     # open outcome, or a stuck lease); resolve where the table allows it; dispute there too,
@@ -122,6 +125,17 @@ def _panel_context(
         "held_shown": " ".join(str(event.id) for event in held),
         "held_answers_shown": " ".join(str(attempt.id) for attempt in held_answers),
     }
+    action_forms = {
+        "reconcile": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
+        "resolve": forms.get("resolve")
+        or ResolveForm(prefix="resolve", initial={"seen": op.status_changed_at, **shown}),
+        "dispute": forms.get("dispute") or DecisionForm(prefix="dispute", initial=shown),
+    }
+    if done in action_forms:
+        # Kept in place, a reason already written to the audit trail would go with the next
+        # press of the same button.
+        for field in action_forms[done].fields.values():
+            field.widget.attrs.pop("hx-preserve", None)
     return {
         "op": op,
         "lease_expired": lease_expired(op),
@@ -131,10 +145,7 @@ def _panel_context(
         "can_reconcile": can_reconcile,
         "can_resolve": can_operate and transitions.allowed(op.status, S.SUCCEEDED, manual=True),
         "can_dispute": can_operate and dispute_applies(op),
-        "reconcile_form": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
-        "resolve_form": forms.get("resolve")
-        or ResolveForm(prefix="resolve", initial={"seen": op.status_changed_at, **shown}),
-        "dispute_form": forms.get("dispute") or DecisionForm(prefix="dispute", initial=shown),
+        **{f"{prefix}_form": form for prefix, form in action_forms.items()},
         "notice": notice,
         "notice_level": notice_level,
         "seen": _seen(op),
@@ -198,6 +209,7 @@ def _respond(
             forms={form_key: form} if form is not None and not ok else None,
             notice=message,
             notice_level=level,
+            done=form_key if ok else "",
         )
         return render(request, f"{DETAIL}#panel", context)
     if form is not None and not ok and form.errors:
@@ -243,7 +255,7 @@ def _operator_action(
                             form_key=prefix, form=form)
         return _respond(request, op, ok=False, message=f"{verb} refused: {exc}")
     message, level = done if isinstance(done, tuple) else (done, "success")
-    return _respond(request, op, ok=True, message=message, level=level)
+    return _respond(request, op, ok=True, message=message, level=level, form_key=prefix)
 
 
 @require_POST

@@ -9,6 +9,7 @@ from playwright.sync_api import expect
 from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_requests, sandbox_writes
+from operations.sandbox.services import sandbox_fault_set
 from tests.helpers import browser_sign_in
 from tests.operations.operator_helpers import payment_at_provider
 
@@ -98,4 +99,29 @@ def test_it_lets_an_operator_reconcile_now_and_shows_what_the_lookup_found(
     assert PaymentIntent.objects.count() == 1
     (audit,) = AuditEvent.objects.filter(object_id=op.id, action="operation.reconcile")
     assert (audit.actor, audit.reason) == (operator, "the customer asks whether it went through")
+    assert page.problems == []
+
+
+def test_it_empties_the_reason_of_a_reconcile_that_went_through_and_keeps_other_drafts(
+    live_server, transactional_db, sandbox, acme_unknown, operator, page
+):
+    op = acme_unknown
+    # Every lookup gets a 5xx: the reconcile is recorded and settles nothing, so its button
+    # stays on the page.
+    sandbox_fault_set(provider="payments", kind="http_500", match="*", times=10)
+
+    browser_sign_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/operations/{op.id}/")
+    page.fill("#id_resolve-evidence", "half-typed evidence")
+    page.fill("#id_reconcile-reason", "the customer asks again")
+    panel = _act_in_place(page, op, action="reconcile", button="Reconcile now", status="Unknown")
+
+    expect(panel.locator("[role=status]")).to_contain_text("inconclusive")
+    # The reason went to the audit trail; left in the field, the next press would send it
+    # again. The draft of another action stays.
+    expect(page.locator("#id_reconcile-reason")).to_have_value("")
+    expect(page.locator("#id_resolve-evidence")).to_have_value("half-typed evidence")
+    (audit,) = AuditEvent.objects.filter(object_id=op.id, action="operation.reconcile")
+    assert audit.reason == "the customer asks again"
+    assert not sandbox_writes(provider="payments").exists()
     assert page.problems == []

@@ -123,3 +123,5 @@ def test_it_keeps_drafts_and_tells_a_lookup_that_settled_nothing_from_success(
     for field in ("resolve-evidence", "resolve-reason", "resolve-provider_reference",
                   "dispute-reason"):
         assert "hx-preserve" in fields[field], field
+    # The reason of the reconcile that went through comes back empty (test_browser).
+    assert "hx-preserve" not in fields["reconcile-reason"]

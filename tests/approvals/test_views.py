@@ -38,6 +38,20 @@ def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
     assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
 
 
+def test_it_limits_a_comment_or_reason_in_the_browser_as_the_forms_do(
+    acme, approver, prepare_payment
+):
+    from approvals.forms import ApproveForm, RejectForm
+
+    approval = prepare_payment(acme)
+    html = signed_in(approver).get(reverse("approvals:queue")).content.decode()
+    # Typed past the limit, a comment was refused only after Approve was pressed.
+    comment = ApproveForm.base_fields["comment"].max_length
+    reason = RejectForm.base_fields["reason"].max_length
+    assert f'id="comment-{approval.id}" maxlength="{comment}"' in html
+    assert f'id="reason-{approval.id}" required maxlength="{reason}"' in html
+
+
 def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
     acme, admin_user, approver, prepare_payment
 ):

@@ -38,8 +38,11 @@ def test_it_shows_a_run_with_its_checkpoints_effects_and_derived_runs(lineage, a
     assert branch.id in html and "debug_after_tool_timeout" in html
     # State values can hold personal data: only the field names are on the page.
     assert "beneficiary_account" in html and "KZ12345678901234" not in html
+    # A run nothing came before is not presented as derived from something.
+    assert "this one started afresh, not as a replay or a branch" in html
     branch_html = signed_in(auditor).get(f"/runs/{branch.id}/").content.decode()
     assert original.id in branch_html and cp.id in branch_html
+    assert "started afresh" not in branch_html
 
 
 @pytest.mark.django_db

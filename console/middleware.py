@@ -33,8 +33,14 @@ class LoginRequiredMiddleware(auth_middleware.LoginRequiredMiddleware):
             here, resolve_url(self.get_login_url(view_func)),
             self.get_redirect_field_name(view_func),
         )
+        location = login["Location"]
+        if request.method not in ("GET", "HEAD"):
+            # An approval or an operator's action was refused, not carried out: the sign-in
+            # page says so, or the person would take it as done.
+            location += "&not_done=1"
         if not is_htmx:
+            login["Location"] = location
             return login
         response = HttpResponse(status=204)  # nothing to swap; the browser goes to sign in
-        response["HX-Redirect"] = login["Location"]
+        response["HX-Redirect"] = location
         return response

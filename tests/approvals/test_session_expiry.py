@@ -29,6 +29,9 @@ def test_it_sends_the_browser_to_sign_in_and_back_when_an_htmx_approve_finds_no_
     assert response.status_code != 302, response.get("Location")
     target = response["HX-Redirect"]
     assert target.startswith(reverse("login"))
+    # The sign-in page says the approval was not made (the comment typed is gone with it).
+    sign_in = client.get(target).content.decode()
+    assert "You were signed out, so what you just sent was not done." in sign_in
     # Back from signing in: the page the approver was on, never a GET of the POST-only URL.
     assert client.login(username="approver", password=PASSWORD)
     assert "/approve" not in target
@@ -44,6 +47,7 @@ def test_it_never_swaps_the_sign_in_page_into_the_queue_when_its_poll_finds_no_s
                             HTTP_HX_REQUEST="true",
                             HTTP_HX_CURRENT_URL="http://testserver/approvals/?tenant=acme")
     assert response.status_code != 302, response.get("Location")
+    # A poll sent nothing that was refused: no "not done" on the sign-in page.
     assert response["HX-Redirect"] == "/login/?next=/approvals/%3Ftenant%3Dacme"
 
 
@@ -57,7 +61,8 @@ def test_it_returns_a_plain_approve_without_a_session_to_its_page_not_to_a_405(
                            HTTP_REFERER=f"http://testserver{detail}")
     assert response.status_code == 302
     assert client.login(username="approver", password=PASSWORD)
-    next_url = response["Location"].split("next=", 1)[1]
+    assert response["Location"].endswith("&not_done=1")
+    next_url = response["Location"].split("next=", 1)[1].removesuffix("&not_done=1")
     back = client.get(unquote(next_url))
     assert back.status_code == 200, back.status_code  # not 405 on the POST-only URL
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 
 import pytest
@@ -50,6 +51,19 @@ def test_it_limits_a_comment_or_reason_in_the_browser_as_the_forms_do(
     reason = RejectForm.base_fields["reason"].max_length
     assert f'id="comment-{approval.id}" maxlength="{comment}"' in html
     assert f'id="reason-{approval.id}" required maxlength="{reason}"' in html
+
+
+def test_it_names_each_cards_link_by_its_intent_not_only_its_action(
+    acme, approver, prepare_payment
+):
+    first = prepare_payment(acme)
+    second = prepare_payment(acme, invoice_id="inv_second")
+    html = signed_in(approver).get(reverse("approvals:queue")).content.decode()
+    names = re.findall(r'<a href="/approvals/(\w+)/">(.*?)</a>', html)
+    named = {approval_id: re.sub(r"<[^>]+>", "", name) for approval_id, name in names}
+    # Twenty cards of one action must not read as twenty identical links or headings.
+    assert named[first.id].startswith("Create a payment: Pay ")
+    assert "inv_second" in named[second.id] and named[first.id] != named[second.id]
 
 
 def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(

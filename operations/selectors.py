@@ -16,6 +16,7 @@ from operations import transitions
 from operations.models import (
     Attempt,
     AttemptKind,
+    AttemptOutcome,
     AuditEvent,
     Evidence,
     EvidenceKind,
@@ -328,6 +329,26 @@ class TimelineEntry:
     status: str = ""
 
 
+_REFERENCE_OUTCOMES = {
+    AttemptOutcome.FOUND: "found",
+    AttemptOutcome.ABSENT: "not found at the provider",
+}
+
+
+def _reference_checks(evidence_rows: list[Evidence]) -> dict[int, str]:
+    """The lookups made to check a person's provider reference, by attempt number: the
+    resolution that used it, or its refusal, names both."""
+    checks: dict[int, str] = {}
+    for evidence in evidence_rows:
+        data = evidence.data if isinstance(evidence.data, dict) else {}
+        reference = data.get("provider_reference")
+        verified = data.get("verified") if isinstance(data.get("verified"), dict) else {}
+        number = data.get("attempt", verified.get("attempt"))
+        if reference and isinstance(number, int):
+            checks[number] = reference
+    return checks
+
+
 def operation_timeline(op) -> list[TimelineEntry]:
     """Attempts, evidence, webhook events and audit events of one operation, in time order."""
     # (time, source rank, row id) orders entries written in the same instant stably.
@@ -337,6 +358,8 @@ def operation_timeline(op) -> list[TimelineEntry]:
     # then which went where is what a person needs to see (a lookup in one account cannot
     # see an effect made in the other).
     accounts = {a.provider_account for a in attempts if a.provider_account}
+    evidence_rows = list(op.evidence.select_related("actor").order_by("id"))
+    references = _reference_checks(evidence_rows)
     for attempt in attempts:
         http = f"HTTP {attempt.http_status}" if attempt.http_status else ""
         account = f"account {attempt.provider_account}" if len(accounts) > 1 else ""
@@ -353,17 +376,26 @@ def operation_timeline(op) -> list[TimelineEntry]:
         )
         parts = (http, account, attempt.external_id, attempt.error_class,
                  attempt.error_message[:200], unanswered, held)
+        reference = references.get(attempt.number)
+        if reference is not None:
+            # Its answer is about a person's reference, not the operation's effect: "proven
+            # absent" there would read as if the effect were proven never made.
+            what = f"lookup of the reference {reference}"  # an id: its case is kept
+            outcome = _REFERENCE_OUTCOMES.get(attempt.outcome, "")
+        else:
+            what = attempt.get_kind_display().lower()
+            outcome = ""
+        outcome = outcome or attempt.get_outcome_display().lower()
         entry = TimelineEntry(
             at=attempt.started_at,
             kind="attempt",
-            title=f"Attempt {attempt.number}: {attempt.get_kind_display().lower()} → "
-            f"{attempt.get_outcome_display().lower()}",
+            title=f"Attempt {attempt.number}: {what} → {outcome}",
             detail=" · ".join(p for p in parts if p),
             actor=attempt.worker,
             status=attempt.outcome,
         )
         keyed.append(((attempt.started_at, 0, attempt.id), entry))
-    for evidence in op.evidence.select_related("actor").order_by("id"):
+    for evidence in evidence_rows:
         # A status left as it was says so: "Webhook: failed" read as if the webhook failed.
         moved = (
             f"{evidence.from_status} → {evidence.to_status}"

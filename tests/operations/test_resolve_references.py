@@ -18,6 +18,7 @@ from operations.sandbox.services import (
     sandbox_payment_create,
     sandbox_payment_settle,
 )
+from operations.selectors import operation_timeline
 from tests.helpers import signed_in
 from tests.operations.engine_helpers import make_unknown, prepared_payment
 from tests.operations.operator_helpers import (
@@ -105,6 +106,8 @@ def test_it_resolves_with_a_payment_reference_the_provider_confirms(
     )
     assert attempt.provider_request_id == verified["provider_request_id"]
     assert attempt.started_at <= attempt.finished_at
+    titles = [entry.title for entry in operation_timeline(op)]
+    assert f"Attempt 1: lookup of the reference {payment_id} → found" in titles
     event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
     assert event.after == {"status": "succeeded", "external_id": payment_id,
                            "evidence": RESOLVE["resolve-evidence"],
@@ -170,6 +173,9 @@ def test_it_refuses_a_reference_the_provider_does_not_know(acme_unknown, operato
         op, actor=operator, reference="pi_01TYPO", evidence=RESOLVE["resolve-evidence"],
         reason=RESOLVE["resolve-reason"],
     ) == "The payments provider says payment pi_01TYPO does not exist; check the reference."
+    # On the timeline the lookup is about the reference, not proof that no payment exists.
+    assert "Attempt 1: lookup of the reference pi_01TYPO → not found at the provider" in page
+    assert "proven absent" not in page
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ from operations.engine import operation_prepare
 from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
 from tests.factories import CallAttemptFactory
 from tests.helpers import signed_in
-from tests.operations.engine_helpers import make_unknown, prepared_payment
+from tests.operations.engine_helpers import PAYMENT, make_unknown, prepared_payment
 
 
 @pytest.fixture
@@ -495,3 +495,19 @@ def test_it_tells_only_operators_to_settle_the_queued_unknowns(acme, operator, a
     assert "open one to reconcile, resolve or dispute it." in operating
     assert "reconcile, resolve or dispute" not in auditing
     assert "open one to see what is known about it (operators settle it)." in auditing
+
+
+@pytest.mark.django_db
+def test_it_puts_the_status_beside_the_id_in_the_journal_and_a_runs_effects(acme, operator):
+    from operations.models import Run
+
+    run = Run.objects.create(conversation_id="conv_1", tenant=acme, workflow_name="pay",
+                             workflow_version=1, state_schema_version=1)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run)
+    client = signed_in(operator)
+    # On a narrow screen the table scrolls sideways: what is read first is the id and status.
+    for page in (client.get("/operations/"), client.get(f"/runs/{run.id}/")):
+        html = page.content.decode()
+        assert "<th>Operation</th><th>Status</th>" in html
+        row = html[html.index(f"<code>{op.id}</code></a></td>"):]
+        assert row.split("<td>", 2)[1].startswith('<span class="status status-not_started">')

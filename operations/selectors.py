@@ -340,11 +340,10 @@ def _reference_checks(evidence_rows: list[Evidence]) -> dict[int, str]:
     resolution that used it, or its refusal, names both."""
     checks: dict[int, str] = {}
     for evidence in evidence_rows:
-        data = evidence.data if isinstance(evidence.data, dict) else {}
-        reference = data.get("provider_reference")
-        verified = data.get("verified") if isinstance(data.get("verified"), dict) else {}
-        number = data.get("attempt", verified.get("attempt"))
-        if reference and isinstance(number, int):
+        reference = evidence.data.get("provider_reference")
+        # The refusal names its lookup's attempt; the resolution, the lookup it kept.
+        number = evidence.data.get("attempt") or evidence.data.get("verified", {}).get("attempt")
+        if reference and number:
             checks[number] = reference
     return checks
 

@@ -3,8 +3,12 @@ the provider, a payment executed into a sandbox fault, and an answer lost on pur
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from operations import engine
+from operations.engine import core
 from operations.models import Operation, OperationStatus
+from operations.providers.base import LookupOutcome, LookupResult
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.operations.engine_helpers import authorized_payment
@@ -32,3 +36,22 @@ def lose_the_answer(op: Operation) -> Operation:
     op.refresh_from_db()
     assert report.outcome == "called" and op.status == S.UNKNOWN, report
     return op
+
+
+def lookups_inconclusive(
+    monkeypatch, *, reason: str = "lookup failed (http_5xx)",
+    retry_after: timedelta | None = timedelta(seconds=30),
+) -> None:
+    """Every payment lookup from now on answers inconclusive (the provider cannot be asked),
+    the adapter otherwise the real one."""
+    real = core.adapter("payments.create")
+
+    class InconclusiveLookup:
+        contract = real.contract
+        account = real.account
+
+        def lookup(self, op_):
+            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE, reason=reason,
+                                retry_after=retry_after)
+
+    monkeypatch.setattr(core, "adapter", lambda action: InconclusiveLookup())

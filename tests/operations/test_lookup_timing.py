@@ -24,7 +24,12 @@ from operations.sandbox.services import sandbox_fault_set
 from tests.factories import CallAttemptFactory
 from tests.helpers import Background, wait_for
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
-from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
+from tests.operations.failure_helpers import (
+    executed_into_a_fault,
+    lookups_inconclusive,
+    lose_the_answer,
+    payment_posts,
+)
 
 S = OperationStatus
 
@@ -184,33 +189,18 @@ def test_it_measures_the_search_lag_from_the_newest_call_a_concurrent_reconcile_
 def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
     acme, approver, monkeypatch
 ):
-    from operations.engine import core
-    from operations.providers.base import LookupOutcome, LookupResult
-
     op = authorized_payment(acme, approver)
     then = timezone.now() - timedelta(hours=25)  # "processing" at the bank for a day
     CallAttemptFactory(operation=op, started_at=then, finished_at=then, outcome="accepted")
     Operation.objects.filter(id=op.id).update(status=S.ACCEPTED, external_id="pi_x",
                                               provider_calls=1, next_reconcile_at=timezone.now())
-    real = core.adapter("payments.create")
-
-    class FailingLookup:
-        contract = real.contract
-        account = real.account
-
-        def lookup(self, op_):
-            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
-                                reason="lookup failed (http_5xx)",
-                                retry_after=timedelta(seconds=30))
-
-    monkeypatch.setattr(core, "adapter", lambda action: FailingLookup())
+    lookups_inconclusive(monkeypatch)
     engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == S.ACCEPTED and op.next_reconcile_at is not None
 
     # A lookup that can never answer again (a mail key past its retention): a person's.
-    FailingLookup.lookup = lambda self, op_: LookupResult(
-        outcome=LookupOutcome.INCONCLUSIVE, reason="key retention window passed")
+    lookups_inconclusive(monkeypatch, reason="key retention window passed", retry_after=None)
     engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == S.UNKNOWN and op.next_reconcile_at is None
@@ -305,9 +295,6 @@ def test_it_measures_the_search_lag_from_the_last_moment_an_unanswered_call_coul
 def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_keys_retention(
     acme, approver, monkeypatch, retry_in, scheduled, sent_again_an_hour_ago
 ):
-    from operations.engine import core
-    from operations.providers.base import LookupOutcome, LookupResult
-
     op = authorized_payment(acme, approver)
     # The lost call was made 24 hours less 15 seconds ago: the provider keeps its key for
     # 24 hours, so a lookup later than 15 seconds from now proves nothing about it.
@@ -322,18 +309,7 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
                            outcome="unknown")
     Operation.objects.filter(id=op.id).update(status=S.UNKNOWN, provider_calls=len(calls),
                                               unknown_since=calls[-1])
-    real = core.adapter("payments.create")
-
-    class FailingLookup:
-        contract = real.contract
-        account = real.account
-
-        def lookup(self, op_):
-            return LookupResult(outcome=LookupOutcome.INCONCLUSIVE,
-                                reason="lookup failed (http_5xx)",
-                                retry_after=timedelta(seconds=retry_in))
-
-    monkeypatch.setattr(core, "adapter", lambda action: FailingLookup())
+    lookups_inconclusive(monkeypatch, retry_after=timedelta(seconds=retry_in))
     report = engine.operation_reconcile(operation_id=op.id)
 
     op.refresh_from_db()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 
@@ -32,6 +33,29 @@ S = OperationStatus
 
 
 WORKER_POOLS = pytest.mark.parametrize("pool", ["threads", "prefork"])
+
+
+def worker_a_stalled_past_its_lease(op, monkeypatch) -> tuple[Background, threading.Event]:
+    """Worker A calls and has its answer, then freezes before writing it down, until past
+    its lease and the reach of its call; a lookup then proves the call absent (the settings
+    give a 1 s lease and timeout). Returns A's thread and the event that lets it go on."""
+    from operations.engine import execute as execute_module
+
+    stalled, go = threading.Event(), threading.Event()
+    real_record = execute_module._record_call_result
+
+    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
+        if worker == "A":
+            stalled.set()
+            go.wait(15)
+        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
+
+    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
+    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+    assert stalled.wait(10)
+    time.sleep(2.3)  # past A's lease and the reach of its call
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    return a, go
 
 
 @pytest.mark.worker
@@ -140,8 +164,6 @@ def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
 def test_it_never_sends_a_call_after_its_lease_ran_out(
     acme, approver, providers, settings, monkeypatch
 ):
-    import threading
-
     from operations.engine import execute as execute_module
 
     settings.OPERATION_LEASE_SECONDS = 2
@@ -279,28 +301,12 @@ def test_it_does_not_call_when_the_authorization_lapses_between_its_check_and_th
 def test_it_never_records_a_stalled_workers_answer_over_the_next_workers_claim(
     acme, approver, providers, settings, monkeypatch
 ):
-    import threading
-
-    from operations.engine import execute as execute_module
-
     settings.OPERATION_LEASE_SECONDS = 1
     settings.PROVIDER_TIMEOUT_SECONDS = 1
     op = authorized_payment(acme, approver)
-    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)  # A: nothing written
-    stalled, go = threading.Event(), threading.Event()
-    real_record = execute_module._record_call_result
-
-    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
-        if worker == "A":
-            stalled.set()
-            go.wait(15)  # A has its (5xx) answer, then freezes before writing it down
-        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
-
-    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
-    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
-    assert stalled.wait(10)
-    time.sleep(2.3)  # past A's lease and the reach of its call
-    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    # A has its (5xx) answer, nothing written, then freezes before writing it down.
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.id)
+    a, go = worker_a_stalled_past_its_lease(op, monkeypatch)
     settings.PROVIDER_TIMEOUT_SECONDS = 5
     sandbox_fault_set(provider="payments", kind="delay", match=op.id, seconds=2)
     b = Background(lambda: engine.operation_execute(operation_id=op.id, worker="B"))
@@ -354,29 +360,12 @@ def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_
 def test_it_never_records_a_stalled_workers_refusal_over_a_newer_calls_payment(
     acme, approver, providers, settings, monkeypatch
 ):
-    import threading
-
-    from operations.engine import execute as execute_module
-
     settings.OPERATION_LEASE_SECONDS = 1
     settings.PROVIDER_TIMEOUT_SECONDS = 1
     op = authorized_payment(acme, approver)
     # A's call is refused (a 400, nothing written), but A freezes before writing that down.
     sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
-    stalled, go = threading.Event(), threading.Event()
-    real_record = execute_module._record_call_result
-
-    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
-        if worker == "A":
-            stalled.set()
-            go.wait(15)
-        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
-
-    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
-    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
-    assert stalled.wait(10)
-    time.sleep(2.3)  # past A's lease and the reach of its call
-    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
+    a, go = worker_a_stalled_past_its_lease(op, monkeypatch)
     # B's call commits the payment, and its answer is lost.
     sandbox_fault_set(provider="payments", kind="commit_then_drop", match=op.id, seconds=3)
     assert engine.operation_execute(operation_id=op.id, worker="B").outcome == "called"

@@ -26,7 +26,7 @@ from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
-from operations.selectors import tenants_for_user
+from operations.selectors import tenant_perm_held, tenants_for_user
 
 QUEUE_PAGE_SIZE = 20
 
@@ -113,7 +113,7 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
         object_id=approval.id, reason=request.path, after={"approvals": [approval.id]},
     )
     card = _card(approval, unmasked=unmasked,
-                 can_decide=request.user.has_perm("operations.approve_intents", tenant))
+                 can_decide=tenant_perm_held(request.user, "approve_intents", tenant))
     card["may_unmask"] = may_unmask
     history = []
     if approval.operation.supersedes_id:

@@ -9,6 +9,7 @@ from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
 
 from operations.models import Tenant
+from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 
 
@@ -31,7 +32,7 @@ def page_unmasking(
     """(unmasked, may_unmask). Pages are masked by default: unmasked only when asked for
     (`?unmasked=1`, a full page, never an htmx refresh) by someone holding view_unmasked on
     the tenant, and then on the audit trail, once per such page."""
-    may_unmask = request.user.has_perm("operations.view_unmasked", tenant)
+    may_unmask = tenant_perm_held(request.user, "view_unmasked", tenant)
     unmasked = may_unmask and request.GET.get("unmasked") == "1" and not request.htmx
     if unmasked:
         audit_event_record(actor=request.user, action=action, tenant=tenant,

@@ -29,11 +29,22 @@ from operations.signals import RelatedPage, operation_related_pages
 
 
 def tenants_for_user(user, perm: str = "view_tenant") -> QuerySet[Tenant]:
-    if not user.is_authenticated:
+    """The tenants on which the user was granted `perm`. Only a grant counts: Django's and
+    guardian's superuser shortcut would hand the installation's administrator (README's
+    `createsuperuser`, for /admin/) every tenant's approvals and unmasked data, unaudited;
+    global (model) permissions count for nothing either."""
+    if not (user.is_authenticated and user.is_active):
         return Tenant.objects.none()
     return get_objects_for_user(
-        user, f"operations.{perm}", klass=Tenant, accept_global_perms=False
+        user, f"operations.{perm}", klass=Tenant, accept_global_perms=False,
+        with_superuser=False,
     )
+
+
+def tenant_perm_held(user, perm: str, tenant: Tenant) -> bool:
+    """Whether the user was granted `perm` on this tenant (see tenants_for_user); used in
+    place of `user.has_perm`, which answers yes to every superuser."""
+    return user is not None and tenants_for_user(user, perm).filter(pk=tenant.pk).exists()
 
 
 def tenant_ids_for_user(user, perm: str = "view_tenant") -> list[int]:
@@ -313,9 +324,9 @@ def related_pages_for_user(user, op: Operation) -> list[RelatedPage]:
 def tenant_access_require(user, tenant: Tenant, perm: str, *, what: str) -> None:
     """The one access rule for anything of a tenant: 404 when the tenant is not visible to
     the user at all, 403 when it is visible but `perm` is missing."""
-    if not user.has_perm("operations.view_tenant", tenant):
+    if not tenant_perm_held(user, "view_tenant", tenant):
         raise Http404(f"no such {what}")
-    if perm != "view_tenant" and not user.has_perm(f"operations.{perm}", tenant):
+    if perm != "view_tenant" and not tenant_perm_held(user, perm, tenant):
         raise PermissionDenied(f"{perm} on {tenant.slug} is required for this {what}")
 
 

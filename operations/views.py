@@ -45,6 +45,7 @@ from operations.selectors import (
     operations_unknown_count,
     operations_unknown_queue,
     related_pages_for_user,
+    tenant_perm_held,
     tenants_for_user,
     webhooks_for_review_for_user,
     webhooks_held_for_review,
@@ -113,7 +114,7 @@ def _panel_context(
 ) -> dict[str, Any]:
     """`done`: the prefix of the action that just went through; its fields come back empty
     (the others' drafts stay, hx-preserve'd)."""
-    can_operate = request.user.has_perm("operations.operate_operations", op.tenant)
+    can_operate = tenant_perm_held(request.user, "operate_operations", op.tenant)
     # The buttons follow the engine: reconcile where a reconcile would ask the provider (an
     # open outcome, or a stuck lease); resolve where the table allows it; dispute there too,
     # and on a finished effect someone contests (a payment the beneficiary says never came).

@@ -37,6 +37,7 @@ from operations.providers.base import (
     OperationSnapshot,
     ProviderAdapter,
 )
+from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 
 S = OperationStatus
@@ -467,5 +468,5 @@ def person_text_check(**texts: str) -> None:
 
 
 def require_perm(actor: AbstractUser | None, perm: str, op: Operation) -> None:
-    if actor is None or not actor.has_perm(f"operations.{perm}", op.tenant):
+    if not tenant_perm_held(actor, perm, op.tenant):
         raise PermissionDenied(f"{perm} on {op.tenant.slug} is required")

@@ -238,3 +238,49 @@ def test_it_marks_where_a_person_is_in_the_navigation(acme, operator):
     assert current("/operations/unknown/") == [("true", "Operations")]
     assert current(f"/operations/{op.id}/") == [("true", "Operations")]
     assert current("/runs/") == [("page", "Runs")]
+
+
+@pytest.mark.django_db
+def test_it_gives_a_superuser_only_what_their_tenant_grants_give(
+    both_tenants, django_user_model, monkeypatch
+):
+    """README's deploy makes a superuser for /admin/. Django's and guardian's shortcut would
+    answer yes to its every permission on every tenant: approvals, operator actions and
+    unmasked data, none of it granted or on the audit trail. Only a grant counts."""
+    from approvals.models import Approval, ApprovalStatus
+    from console.roles import role_grant, roles_setup
+    from operations.models import AuditEvent, OperationStatus
+    from tests.helpers import signed_in
+
+    monkeypatch.setattr("approvals.services.execute_on_commit", lambda operation_id: None)
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "x")
+    mine, theirs = both_tenants["acme"], both_tenants["globex"]
+    client = signed_in(root)
+    for url in LISTS:
+        html = client.get(url).content.decode()
+        for made in (mine, theirs):
+            assert made["unknown"].id not in html and made["waiting"].id not in html, url
+    unknown_page = f"/operations/{mine['unknown'].id}/"
+    assert client.get(unknown_page).status_code == 404
+    assert client.get(unknown_page + "?unmasked=1").status_code == 404
+    assert client.get("/audit/").status_code == 403
+    approval = Approval.objects.get(operation=mine["waiting"], status=ApprovalStatus.PENDING)
+    assert client.post(f"/approvals/{approval.id}/approve", {"comment": ""}).status_code == 404
+    assert client.post(f"/operations/{mine['unknown'].id}/resolve", {
+        "outcome": "succeeded", "reason": "checked", "evidence": "seen in the bank statement",
+    }).status_code == 404
+
+    # Granted Approver on acme: approves there, and still may neither operate nor unmask.
+    roles_setup()
+    role_grant(user=root, role="Approver", tenant=mine["run"].tenant)
+    html = client.get(unknown_page + "?unmasked=1").content.decode()
+    assert mine["account"] not in html and "••••" + mine["account"][-4:] in html
+    assert client.post(f"/operations/{mine['unknown'].id}/resolve", {
+        "outcome": "succeeded", "reason": "checked", "evidence": "seen in the bank statement",
+    }).status_code == 403
+    assert client.post(f"/approvals/{approval.id}/approve", {"comment": ""}).status_code == 302
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
+    assert client.get(f"/operations/{theirs['unknown'].id}/").status_code == 404
+    mine["unknown"].refresh_from_db()
+    assert mine["unknown"].status == OperationStatus.UNKNOWN
+    assert not AuditEvent.objects.filter(action__endswith="view_unmasked").exists()

@@ -217,7 +217,7 @@ def provider_report_held(
         # It names this operation but its object is not the approved effect (another sum):
         # applying its status would settle the operation with it.
         return f"{mismatch}; {op.id} stays {op.status}, a person decides"
-    if target is not None and _outcome_contradicted(op.status, target):
+    if target is not None and _outcome_contradicted(op, target):
         # The journal closed it (the provider refused it, or lookups proved it never done),
         # and the provider now reports the effect: no reordering of events explains that.
         return (
@@ -262,16 +262,19 @@ def webhook_events_decide_kept(*, op_id: str) -> None:
         )
 
 
-def _outcome_contradicted(status: str, target: str) -> bool:
+def _outcome_contradicted(op: Operation, target: str) -> bool:
     """Whether an event's outcome contradicts a closed one rather than trailing it. A late
-    "processing" after "failed" is only out of order; "succeeded" after it is money that
-    moved after all (a payment retried at the provider). Anything under way on an operation
-    closed as never done is an effect the lookups did not see; so it is on one waiting to be
-    called, never called yet or proven absent so far (a search that lagged past its window,
-    or an effect made outside the console with this operation's id)."""
-    if status == S.FAILED:
+    "processing" after the failure of that same object is only out of order; "succeeded"
+    after it is money that moved after all (a payment retried at the provider). Anything
+    under way on an operation closed as never done is an effect the lookups did not see; so
+    it is on one waiting to be called, never called yet or proven absent so far (a search
+    that lagged past its window, or an effect made outside the console with this operation's
+    id). A failure that named no object (the provider refused the request) is never done
+    too: a payment under way for it is not trailing that failure, and left unheld, the
+    failed intent's replacement would pay a second time once it settles."""
+    if op.status == S.FAILED and op.external_id:
         return target == S.SUCCEEDED
-    if status in (S.CANCELLED, S.NOT_STARTED):
+    if op.status in (S.FAILED, S.CANCELLED, S.NOT_STARTED):
         return target in (S.SUCCEEDED, S.ACCEPTED)
     return False
 

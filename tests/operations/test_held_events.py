@@ -38,13 +38,19 @@ from tests.operations.engine_helpers import (
 S = OperationStatus
 
 
-def success_reported_in_flight(op: Operation, *, event_id: str, external_id: str) -> None:
-    """The provider reports a payment of the approved sum carrying `op` succeeded, while the
-    journal has its call in flight: kept for the answer (or a lookup, or a person)."""
+REPORTED = {"succeeded": CallOutcome.SUCCEEDED, "processing": CallOutcome.ACCEPTED}
+
+
+def success_reported_in_flight(
+    op: Operation, *, event_id: str, external_id: str, status: str = "succeeded"
+) -> None:
+    """The provider reports a payment of the approved sum carrying `op` succeeded (or under
+    way), while the journal has its call in flight: kept for the answer (or a lookup, or a
+    person)."""
     result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-        event_id=event_id, event_type="payment_intent.succeeded", operation_id=op.id,
-        external_id=external_id, status=CallOutcome.SUCCEEDED,
-        data={"id": external_id, "status": "succeeded", "amount": PAYMENT["amount_minor"],
+        event_id=event_id, event_type=f"payment_intent.{status}", operation_id=op.id,
+        external_id=external_id, status=REPORTED[status],
+        data={"id": external_id, "status": status, "amount": PAYMENT["amount_minor"],
               "currency": PAYMENT["currency"].lower()}))
     assert result == "ignored" and message.startswith("kept while the call was in flight")
 
@@ -390,8 +396,9 @@ def test_it_calls_no_more_for_a_payment_reported_in_flight_that_a_lookup_does_no
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("reported", ["succeeded", "processing"])
 def test_it_holds_a_payment_reported_while_the_call_the_provider_refuses_is_in_flight(
-    acme, approver, sandbox, monkeypatch
+    acme, approver, sandbox, monkeypatch, reported
 ):
     from operations.engine import execute as execute_module
 
@@ -401,8 +408,11 @@ def test_it_holds_a_payment_reported_while_the_call_the_provider_refuses_is_in_f
 
     def reported_while_in_flight(op_, **kwargs):
         # After the claim, before the call's answer: a payment carrying this operation
-        # (made outside the console) is reported succeeded.
-        success_reported_in_flight(op, event_id="evt_paid", external_id="pi_paid")
+        # (made outside the console) is reported succeeded, or under way. Under way is no
+        # late echo of the refusal, which named no payment: once it settles, the failed
+        # intent's replacement would be a second payment.
+        success_reported_in_flight(op, event_id="evt_paid", external_id="pi_paid",
+                                   status=reported)
         return real_snapshot(op_, **kwargs)
 
     monkeypatch.setattr(execute_module, "snapshot", reported_while_in_flight)
@@ -473,3 +483,34 @@ def test_it_holds_two_payments_when_a_late_answer_names_another_than_the_event_t
     assert held == {other["id"], ours.id}, "two payments for one intent, and nobody is asked"
     assert len(sandbox_writes(provider="payments", operation_id=op.id)) == op.provider_calls == 1
     assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_under_way_reported_after_the_provider_refused_the_call(
+    acme, approver, sandbox, live_server, settings
+):
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1  # a payment made now stays "processing"
+    op = authorized_payment(acme, approver)
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.FAILED, "")
+    # A payment carrying this operation (made outside the console) is under way, and the
+    # provider says so after the refusal: not an out-of-order echo of a failure of its own.
+    made = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        metadata={"operation_id": op.id, "tenant": acme.slug,
+                  "invoice_id": PAYMENT["invoice_id"]},
+    )
+    assert made["status"] == "processing"
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+
+    assert [e.external_id for e in webhooks_held_for_review(operation=op)] == [made["id"]]
+    # So the failed intent is not replaced while that payment may still settle.
+    assert replaced_and_run(op, approver) is None
+    sandbox_payment_settle(payment_intent_id=made["id"], status="succeeded")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.FAILED, "")
+    assert op.provider_calls == 1
+    assert PaymentIntent.objects.filter(metadata__invoice_id=PAYMENT["invoice_id"]).count() == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Callable, Collection
@@ -76,12 +77,26 @@ def call_reach_until(lease_expires_at: datetime) -> datetime:
     return lease_expires_at + timedelta(seconds=float(settings.PROVIDER_TIMEOUT_SECONDS))
 
 
+def _process_token_new() -> None:
+    global _process_token
+    _process_token = secrets.token_hex(3)
+
+
+_process_token = ""
+_process_token_new()
+# A forked child (Celery's prefork pool) is another lease owner than its parent.
+os.register_at_fork(after_in_child=_process_token_new)
+
+
 def worker_name() -> str:
     """Who holds a lease: unique per executing thread, because the lease owner is what lets
     a late answer land. Two threads of one worker process (Celery's threads pool) sharing a
-    name could each finish the other's claim."""
-    # The host part is cut, never the ids, to fit the 64-character column.
-    name = f"{socket.gethostname()[:40]}:{os.getpid()}"
+    name could each finish the other's claim. Host and pid alone repeat across containers:
+    each runs its worker as pid 1, and replicas of one deployment share a long name prefix;
+    so each process adds a random token."""
+    # The host's head is cut, never its tail (a replica's own suffix) nor the ids, to fit
+    # the 64-character column.
+    name = f"{socket.gethostname()[-32:]}:{os.getpid()}:{_process_token}"
     if threading.current_thread() is not threading.main_thread():
         name += f":{threading.get_native_id()}"
     return name

@@ -208,15 +208,25 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
 
     # The attempt just created is the newest call: no need to read it back.
     op_snapshot = snapshot(op, last_call=attempt)
-    deadline = send_deadline.set(lease_expires_at)
+    # The claim checked the approval at its own moment only: a worker that stalls after it
+    # (a GC pause, a frozen container) must not send on an approval that ran out meanwhile,
+    # even with time left on its lease.
+    authorization_ends = op.authorization_expires_at
+    send_by = min(lease_expires_at, authorization_ends) if authorization_ends else lease_expires_at
+    deadline = send_deadline.set(send_by)
     try:
         result = adapter.call(op_snapshot)
     except LeaseLost as exc:
-        # Stalled past our lease: the sweep may have taken the operation over. Nothing was
-        # sent; recorded as unknown, so a lookup (not this worker) decides what comes next.
-        result = CallResult(
-            outcome=CallOutcome.UNKNOWN, error_class="lease_lost", error_message=str(exc)
+        # Stalled past our lease (the sweep may have taken the operation over) or past the
+        # approval. Nothing was sent (the error class says so to whoever counts calls that
+        # may still land); recorded as unknown, so a lookup, not this worker, decides what
+        # comes next: with the approval run out, it closes the operation as never done.
+        why = (
+            str(exc) if send_by == lease_expires_at
+            else f"the authorization ran out at {send_by:%H:%M:%S}; nothing sent"
         )
+        result = CallResult(outcome=CallOutcome.UNKNOWN, error_class="lease_lost",
+                            error_message=why)
     except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
         logger.exception("adapter call failed for %s", op.id)
         result = CallResult(

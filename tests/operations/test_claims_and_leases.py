@@ -197,6 +197,42 @@ def test_it_never_sends_a_call_after_its_lease_ran_out(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_never_sends_a_call_after_its_authorization_ran_out(
+    acme, approver, providers, settings, monkeypatch
+):
+    from operations.engine import execute as execute_module
+
+    settings.OPERATION_LEASE_SECONDS = 30  # the lease would still allow the call
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() + timedelta(seconds=1.5))
+    real_snapshot = execute_module.snapshot
+    main = threading.get_ident()
+
+    def stalled_after_the_claim(op_, **kwargs):
+        if threading.get_ident() != main:
+            time.sleep(2.5)  # valid at the claim, run out by the send
+        return real_snapshot(op_, **kwargs)
+
+    monkeypatch.setattr(execute_module, "snapshot", stalled_after_the_claim)
+    report = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A")).join()
+
+    assert report.status == S.UNKNOWN
+    attempt = op.attempts.get(kind=AttemptKind.CALL)
+    assert attempt.error_class == "lease_lost"
+    assert "authorization ran out" in attempt.error_message
+    assert len(payment_posts(op)) == 0 and PaymentIntent.objects.count() == 0
+    # Nothing was sent and the approval is gone: a lookup closes it as never done at once,
+    # without waiting out a call that never left.
+    reconciled = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert reconciled.outcome == "absent" and not reconciled.may_call_again
+    assert op.status == S.CANCELLED and op.provider_calls == 1
+    assert len(payment_posts(op)) == 0 and PaymentIntent.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("meanwhile", ["answer_lost", "call_in_flight"])
 def test_it_does_not_claim_what_another_worker_moved_on_after_its_read(
     acme, approver, providers, settings, monkeypatch, meanwhile

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 
@@ -205,6 +206,42 @@ def test_it_keeps_unknown_since_exactly_while_the_operation_is_unknown(acme):
         Operation.objects.filter(id=op.id).update(unknown_since=timezone.now())
     op.refresh_from_db()
     assert op.status == S.NOT_STARTED and op.unknown_since is None
+
+
+def test_it_names_the_workers_of_two_containers_as_two_lease_owners(monkeypatch):
+    """Replicas of one deployment: pod names alike for their first 40 characters, each
+    worker pid 1 in its own container."""
+    from operations.engine import core
+
+    names = []
+    for host, token in (("agent-operations-console-celery-worker-7f9c8d7b6-x2k4p", "a1b2c3"),
+                        ("agent-operations-console-celery-worker-7f9c8d7b6-q8m1z", "d4e5f6")):
+        monkeypatch.setattr("socket.gethostname", lambda host=host: host)
+        monkeypatch.setattr("os.getpid", lambda: 1)
+        monkeypatch.setattr(core, "_process_token", token)
+        names.append(worker_name())
+    assert names[0] != names[1]
+    assert names[0] == "le-celery-worker-7f9c8d7b6-x2k4p:1:a1b2c3"  # the unique tail kept
+    # Even the very same host and pid: another process, another token.
+    monkeypatch.setattr("socket.gethostname", lambda: "h" * 253)
+    monkeypatch.setattr(core, "_process_token", "a1b2c3")
+    first = worker_name()
+    monkeypatch.setattr(core, "_process_token", "d4e5f6")
+    assert worker_name() != first
+    assert len(first) <= Operation._meta.get_field("lease_owner").max_length
+
+
+def test_it_names_a_forked_worker_process_apart_from_its_parent():
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # Celery's prefork pool: the child holds leases of its own
+        os.write(writing, worker_name().encode())
+        os._exit(0)
+    os.close(writing)
+    os.waitpid(child, 0)
+    childs = os.read(reading, 200).decode()
+    os.close(reading)
+    assert childs.split(":")[2] != worker_name().split(":")[2]
 
 
 def test_it_names_each_thread_of_a_worker_process_as_its_own_lease_owner():

@@ -88,7 +88,13 @@ def run_children(run: Run) -> list[Run]:
 
 
 def run_checkpoints(run: Run) -> list[Checkpoint]:
-    return list(run.checkpoints.select_related("created_by").order_by("sequence"))
+    """The run's checkpoints, each with `state_fields`: the names of its state's fields, the
+    only part of a state a page shows (values can hold personal data). Named here, not in
+    the template, where `state.keys` is a lookup of a field called "keys" first."""
+    checkpoints = list(run.checkpoints.select_related("created_by").order_by("sequence"))
+    for cp in checkpoints:
+        cp.state_fields = list(cp.state) if isinstance(cp.state, dict) else []
+    return checkpoints
 
 
 def run_operations(run: Run) -> list[Operation]:

@@ -196,3 +196,21 @@ def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
         ):
             assert mine.id in html and not_theirs.id not in html, user.username
             assert "a run of another tenant" in html
+
+
+@pytest.mark.django_db
+def test_it_shows_the_names_of_state_fields_never_their_values(acme, approver):
+    run = Run.objects.create(conversation_id="conv_keys", tenant=acme,
+                             workflow_name="send_reminders", workflow_version=1,
+                             state_schema_version=1)
+    # "keys" (what the agent looked recipients up by) is a natural name for a state field.
+    Checkpoint.objects.create(
+        run=run, sequence=1, node="collect_recipients",
+        state={"keys": ["jane.doe@example.com", "ivan@example.org"], "step": "send"},
+        state_hash="sha256:" + "a" * 64,
+    )
+    Checkpoint.objects.create(run=run, sequence=2, node="a_list_state",
+                              state=["jane.doe@example.com"], state_hash="sha256:" + "b" * 64)
+    html = signed_in(approver).get(f"/runs/{run.id}/").content.decode()
+    assert "jane.doe@example.com" not in html and "ivan@example.org" not in html
+    assert "keys, step" in html

@@ -26,7 +26,7 @@ from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
-from operations.selectors import tenant_perm_held, tenants_for_user
+from operations.selectors import operation_lineage, tenant_perm_held, tenants_for_user
 
 QUEUE_PAGE_SIZE = 20
 
@@ -35,9 +35,10 @@ def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, 
     op = approval.operation
     now = timezone.now()
     summary = intent_summary(action=op.action, payload=op.payload, unmasked=unmasked)
+    lineage = operation_lineage(op)
+    old = lineage.supersedes
     diff = []
-    if op.supersedes_id:
-        old = op.supersedes
+    if old is not None:
         diff = intent_diff(
             action=op.action, old_payload=old.payload, new_payload=op.payload,
             old_policy=old.policy_version, new_policy=op.policy_version, unmasked=unmasked,
@@ -50,12 +51,11 @@ def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, 
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "diff": diff,
+        "lineage": lineage,
         # The replaced intent's last request: superseded by this one, or rejected or expired
         # before the agent changed the intent (then the approver needs its reason most).
         # .all() keeps the queue's prefetch; Approval's default ordering is newest first.
-        "supersedes_approval": (
-            next(iter(op.supersedes.approvals.all()), None) if op.supersedes_id else None
-        ),
+        "supersedes_approval": next(iter(old.approvals.all()), None) if old else None,
         "expired_in_fact": approval.is_pending and approval.expires_at <= now,
         "can_decide": can_decide and approval.is_pending and approval.expires_at > now,
         # Approving would be refused: the card says so and leaves the approver Reject,
@@ -115,9 +115,8 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     card = _card(approval, unmasked=unmasked,
                  can_decide=tenant_perm_held(request.user, "approve_intents", tenant))
     card["may_unmask"] = may_unmask
-    history = []
-    if approval.operation.supersedes_id:
-        history = approvals_of_operation(approval.operation.supersedes_id)
+    replaced = card["lineage"].supersedes
+    history = approvals_of_operation(replaced.id) if replaced else []
     context = {"card": card, "history": history, "here": request.get_full_path()}
     template = "approvals/queue.html#card" if request.htmx else "approvals/detail.html"
     return unmasked_never_cached(render(request, template, context), unmasked=unmasked)

@@ -18,10 +18,12 @@ from operations.models import (
     AttemptKind,
     AttemptOutcome,
     AuditEvent,
+    Checkpoint,
     Evidence,
     EvidenceKind,
     Operation,
     OperationStatus,
+    Run,
     Tenant,
     WebhookEvent,
 )
@@ -304,9 +306,38 @@ def operation_for_user(user, operation_id: str, perm: str = "view_tenant"):
     return op
 
 
+@dataclass(frozen=True)
+class OperationLineage:
+    """Where an operation came from, as its pages may name it: only within its tenant."""
+
+    run: Run | None
+    checkpoint: Checkpoint | None
+    supersedes: Operation | None
+
+
+def operation_lineage(op: Operation) -> OperationLineage:
+    """The operation's run, checkpoint and the intent it replaces, each left out when it is
+    another tenant's (or the checkpoint another run's). Prepare and, since migration 0016, a
+    trigger keep lineage inside the tenant; a row from before that, or written with the
+    trigger off, would otherwise show one tenant another's run ids, amounts and the reasons
+    its people gave. Reads the relations already loaded (select_related)."""
+    run = op.run if op.run_id and op.run.tenant_id == op.tenant_id else None
+    checkpoint = (
+        op.checkpoint if run and op.checkpoint_id and op.checkpoint.run_id == run.id else None
+    )
+    supersedes = (
+        op.supersedes
+        if op.supersedes_id and op.supersedes.tenant_id == op.tenant_id
+        else None
+    )
+    return OperationLineage(run=run, checkpoint=checkpoint, supersedes=supersedes)
+
+
 def operation_superseded_by(op: Operation) -> Operation | None:
-    """The intent that replaced this one, if any (same tenant: prepare keeps it)."""
-    return Operation.objects.filter(supersedes_id=op.id).only("id").first()
+    """The intent that replaced this one, if any, in its tenant (see operation_lineage)."""
+    return (
+        Operation.objects.filter(supersedes_id=op.id, tenant_id=op.tenant_id).only("id").first()
+    )
 
 
 def related_pages_for_user(user, op: Operation) -> list[RelatedPage]:

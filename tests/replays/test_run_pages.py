@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
 from operations.engine import operation_prepare
 from operations.models import Checkpoint, Run, RunMode
-from tests.helpers import signed_in
+from tests.helpers import inserted_past_the_lineage_trigger, signed_in
 from tests.operations.engine_helpers import PAYMENT
 
 
@@ -111,15 +111,7 @@ def test_it_refuses_lineage_across_tenants_and_never_lists_another_tenants_effec
     stray.pk, stray.idempotency_key, stray.run = "op_STRAY", "ik_stray", original
     with pytest.raises(IntegrityError, match="not a run of its tenant"), transaction.atomic():
         stray.save(force_insert=True)
-    with connection.cursor() as cursor:
-        # Django's foreign keys are checked at commit: run those checks now, as ALTER TABLE
-        # refuses a table with pending trigger events.
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute("ALTER TABLE operations_operation "
-                       "DISABLE TRIGGER operation_lineage_in_tenant")
-        stray.save(force_insert=True)  # the intent (its run included) is immutable once written
-        cursor.execute("ALTER TABLE operations_operation "
-                       "ENABLE TRIGGER operation_lineage_in_tenant")
+    inserted_past_the_lineage_trigger(stray)
     client = signed_in(auditor)
     html = client.get(f"/runs/{original.id}/").content.decode()
     assert op.id in html and stray.id not in html and "inv_GLOBEX" not in html

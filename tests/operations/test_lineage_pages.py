@@ -1,0 +1,97 @@
+"""An operation's lineage (its run, checkpoint, the intent it replaces and the one that
+replaced it) on its page and its approval card: only within its tenant. Prepare and, since
+operations 0016, a trigger keep it there; a row from before that stays, being immutable."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import Approval, ApprovalStatus
+from operations.engine import operation_prepare
+from operations.models import Checkpoint, Operation, Run
+from tests.helpers import inserted_past_the_lineage_trigger, signed_in
+
+pytestmark = pytest.mark.django_db
+
+ACME_PAYMENT = {"invoice_id": "inv_ACME_1", "beneficiary_id": "acct_4081781009991000777",
+                "amount_minor": 7_777_700, "currency": "KZT"}
+GLOBEX_PAYMENT = {"invoice_id": "inv_GLOBEX_1", "beneficiary_id": "acct_4081781009991000999",
+                  "amount_minor": 1_250_000, "currency": "KZT"}
+
+
+def globex_row_by_hand(globex, op_id: str, **lineage) -> tuple[Operation, Approval]:
+    """A globex payment whose lineage names acme's objects, with its approval request."""
+    op = operation_prepare(tenant=globex, action="payments.create",
+                           payload={**GLOBEX_PAYMENT, "invoice_id": f"inv_{op_id}"})
+    Approval.objects.filter(operation=op).delete()
+    op.pk, op.idempotency_key = op_id, f"ik_{op_id}"
+    for name, value in lineage.items():
+        setattr(op, name, value)
+    inserted_past_the_lineage_trigger(op)
+    approval = Approval.objects.create(
+        operation=op, payload_hash=op.payload_hash, policy_version=op.policy_version,
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    return op, approval
+
+
+def test_it_never_shows_another_tenants_replaced_intent_or_its_requests(
+    acme, globex, approver, other_tenant_user
+):
+    mine = operation_prepare(tenant=acme, action="payments.create", payload=ACME_PAYMENT)
+    mine_approval = Approval.objects.get(operation=mine)
+    Approval.objects.filter(id=mine_approval.id).update(
+        status=ApprovalStatus.REJECTED, decided_by=approver, decided_at=timezone.now(),
+        comment="acme_private_rejection_reason",
+    )
+    stray, stray_approval = globex_row_by_hand(globex, "op_STRAY1", supersedes=mine)
+    client = signed_in(other_tenant_user)
+    for url in (f"/approvals/{stray_approval.id}/", "/approvals/", f"/operations/{stray.id}/"):
+        html = client.get(url).content.decode()
+        assert stray.id in html or stray_approval.id in html, url
+        assert mine.id not in html and mine_approval.id not in html, url
+        assert "acme_private_rejection_reason" not in html, url
+        assert "77,777.00" not in html, url  # acme's amount, in a diff
+    # Nor the other way: acme's people are not told which globex intent replaced theirs.
+    html = signed_in(approver).get(f"/operations/{mine.id}/").content.decode()
+    assert mine.id in html and stray.id not in html
+
+
+def test_it_never_names_another_tenants_run_or_checkpoint(acme, globex, other_tenant_user):
+    acme_run = Run.objects.create(conversation_id="conv_01ACMEPRIVATE", tenant=acme,
+                                  workflow_name="pay_invoices", workflow_version=1,
+                                  state_schema_version=1)
+    acme_cp = Checkpoint.objects.create(run=acme_run, sequence=1, node="acme_private_node",
+                                        state={}, state_hash="sha256:" + "c" * 64)
+    stray, stray_approval = globex_row_by_hand(globex, "op_STRAY2", run=acme_run,
+                                               checkpoint=acme_cp)
+    client = signed_in(other_tenant_user)
+    for url in (f"/operations/{stray.id}/", f"/approvals/{stray_approval.id}/", "/approvals/"):
+        html = client.get(url).content.decode()
+        assert stray.id in html or stray_approval.id in html, url
+        for private in (acme_run.id, acme_cp.id, "conv_01ACMEPRIVATE", "acme_private_node"):
+            assert private not in html, (url, private)
+
+
+def test_it_shows_a_lineage_within_the_tenant(acme, approver):
+    run = Run.objects.create(conversation_id="conv_01ACME", tenant=acme,
+                             workflow_name="pay_invoices", workflow_version=1,
+                             state_schema_version=1)
+    cp = Checkpoint.objects.create(run=run, sequence=1, node="prepare_payment", state={},
+                                   state_hash="sha256:" + "d" * 64)
+    old = operation_prepare(tenant=acme, action="payments.create", payload=ACME_PAYMENT,
+                            run=run, checkpoint=cp, command_id="cmd_pay")
+    new = operation_prepare(tenant=acme, action="payments.create",
+                            payload={**ACME_PAYMENT, "amount_minor": 7_000_000},
+                            run=run, checkpoint=cp, command_id="cmd_pay", supersedes=old)
+    client = signed_in(approver)
+    html = client.get(f"/operations/{new.id}/").content.decode()
+    assert run.id in html and cp.id in html and "prepare_payment" in html and old.id in html
+    assert new.id in client.get(f"/operations/{old.id}/").content.decode()  # superseded by
+    approval = Approval.objects.get(operation=new)
+    html = client.get(f"/approvals/{approval.id}/").content.decode()
+    assert run.id in html and "conv_01ACME" in html and "77,777.00" in html  # the diff
+    assert Approval.objects.get(operation=old).id in html  # the replaced intent's request

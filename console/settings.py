@@ -306,6 +306,10 @@ PAYMENTS_WEBHOOK_SECRET = _provider_credential(
 # Stripe's search index trails writes by up to a minute: an empty search younger than this
 # after our last call proves nothing.
 PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60")
+# "Occasionally, propagation of new or updated data can be up to an hour behind during
+# outages" (Stripe's search reference): no operation is closed as never done on an empty
+# search younger than this after the last moment a call could have landed.
+PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS", "3600")
 CRM_API_BASE = os.environ.get("CRM_API_BASE", f"{_SANDBOX_BASE}/crm")
 CRM_API_KEY = _provider_credential("CRM_API_KEY", "crm_sandbox_key", base=CRM_API_BASE)
 CRM_WEBHOOK_SECRET = _provider_credential(

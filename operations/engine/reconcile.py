@@ -256,8 +256,9 @@ def _record_lookup(
         )
         if lands_by is not None and closing:
             # And a call that lands at the end of that window shows in the provider's search
-            # only its lag later: the adapter measures the lag from the call, not from then.
-            lands_by += contract.search_lag
+            # only its lag later (the adapter measures the lag from the call, not from
+            # then); closing is for good, so the lag as long as it gets in an outage.
+            lands_by += contract.search_lag_closing
         # Compared with when the lookup was sent, not when its answer came back: an empty
         # answer says nothing about what landed while it was on its way.
         if lands_by is not None and lands_by > attempt.started_at:

@@ -42,11 +42,21 @@ class ToolContract:
     same_key_retry_safe: bool
     # An empty search younger than this after the last call is not proof of absence.
     search_lag: timedelta = timedelta(0)
+    # How far the search may trail writes at worst, in a provider's incident. An empty search
+    # may still let a same-key call follow after search_lag (the key dedups a repeat), but
+    # closing an operation as never done is for good: the failed or cancelled intent may be
+    # replaced by one with a new key. So no operation is closed on a search younger than this.
+    search_lag_outage: timedelta = timedelta(0)
     dedup_method: str = ""
     # How long after our client gave up on a call (a timeout, a lost connection, a gateway
     # error) the provider may still carry it out. Until then no lookup may close the
     # operation as never done.
     late_landing: timedelta = timedelta(seconds=60)
+
+    @property
+    def search_lag_closing(self) -> timedelta:
+        """How old an empty search must be to close an operation as never done."""
+        return max(self.search_lag, self.search_lag_outage)
 
     @property
     def autonomous(self) -> bool:
@@ -73,6 +83,10 @@ class ToolContract:
         if self.search_lag:
             facts.append(("Search lag", f"up to {_duration_words(self.search_lag)}: an empty "
                           "search younger than that proves nothing"))
+        if self.search_lag_outage > self.search_lag:
+            facts.append(("Search lag in an outage", f"up to "
+                          f"{_duration_words(self.search_lag_outage)}: no operation is closed "
+                          "as never done on an empty search younger than that"))
         return facts
 
 

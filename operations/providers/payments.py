@@ -98,6 +98,8 @@ class PaymentsCreateAdapter:
             key_retention=timedelta(hours=24),
             same_key_retry_safe=True,
             search_lag=timedelta(seconds=float(settings.PAYMENTS_SEARCH_LAG_SECONDS)),
+            search_lag_outage=timedelta(
+                seconds=float(settings.PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS)),
             dedup_method="Idempotency-Key header + search by metadata['operation_id']",
         )
 

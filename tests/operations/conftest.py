@@ -32,6 +32,7 @@ def sandbox(live_server, settings) -> Iterator[str]:
     settings.MAIL_API_BASE = f"{base}/mail"
     settings.PROVIDER_TIMEOUT_SECONDS = 1.0
     settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
+    settings.PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = 0
     yield base
     # Pooled keep-alive connections keep the live server's request threads, and their
     # database sessions, open past the test; closing them lets both end.
@@ -46,6 +47,7 @@ def sandbox_worker_env(sandbox) -> dict[str, str]:
         "CRM_API_BASE": f"{sandbox}/crm",
         "MAIL_API_BASE": f"{sandbox}/mail",
         "PAYMENTS_SEARCH_LAG_SECONDS": "0",
+        "PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS": "0",
     }
 
 

@@ -188,3 +188,31 @@ def test_it_takes_an_empty_search_for_the_moment_it_was_sent_not_answered(
     op.refresh_from_db()
     assert op.status == S.SUCCEEDED and op.external_id == intent.id
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_closes_nothing_on_an_empty_search_younger_than_an_outages_lag(
+    acme, approver, providers_drained, settings
+):
+    # Stripe: searchable "in less than a minute" normally, "up to an hour behind during
+    # outages". 5 minutes after our client gave up on a call the provider carried out, its
+    # index is 10 minutes behind; the approval has run out, so only closing could follow.
+    op, intent, gave_up = _landed_late_unseen(
+        acme, approver, settings, gave_up_ago=300, landed_after=1)
+    settings.PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = 3600
+    sandbox_fault_clear(provider="payments", kind="search_lag")
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=600)
+
+    report = engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and report.outcome == "inconclusive", report
+    late_landing = timedelta(seconds=60)
+    assert op.next_reconcile_at >= gave_up + late_landing + timedelta(seconds=3600)
+    assert len(payment_posts(op)) == 1  # and nothing was called again meanwhile
+
+    sandbox_fault_clear(provider="payments", kind="search_lag")  # the index caught up
+    time.sleep(0.1)
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == intent.id
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1

@@ -95,3 +95,34 @@ def test_it_shows_a_lineage_within_the_tenant(acme, approver):
     html = client.get(f"/approvals/{approval.id}/").content.decode()
     assert run.id in html and "conv_01ACME" in html and "77,777.00" in html  # the diff
     assert Approval.objects.get(operation=old).id in html  # the replaced intent's request
+
+
+def test_it_reads_the_lineage_of_every_card_on_the_queue_in_the_same_queries(
+    acme, approver
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queue_queries() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get("/approvals/").status_code == 200
+        return len(queries)
+
+    client = signed_in(approver)
+    queue_queries()  # the first request fills per-process caches (content types)
+    counts = []
+    for n in range(3):
+        run = Run.objects.create(conversation_id=f"conv_{n}", tenant=acme,
+                                 workflow_name="pay_invoices", workflow_version=1,
+                                 state_schema_version=1)
+        cp = Checkpoint.objects.create(run=run, sequence=1, node="prepare_payment", state={},
+                                       state_hash="sha256:" + "e" * 64)
+        old = operation_prepare(tenant=acme, action="payments.create", run=run, checkpoint=cp,
+                                payload={**ACME_PAYMENT, "invoice_id": f"inv_{n}"},
+                                command_id="cmd_pay")
+        operation_prepare(tenant=acme, action="payments.create", run=run, checkpoint=cp,
+                          payload={**ACME_PAYMENT, "invoice_id": f"inv_{n}",
+                                   "amount_minor": 7_000_000},
+                          command_id="cmd_pay", supersedes=old)
+        counts.append(queue_queries())
+    assert counts[0] == counts[1] == counts[2]

@@ -18,6 +18,7 @@ from operations.intents.display import (
     mask_digits,
     mask_email,
     mask_inline,
+    mask_reference,
     mask_text,
     money_format,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "mask_digits",
     "mask_email",
     "mask_inline",
+    "mask_reference",
     "mask_text",
     "money_format",
     "secret_in_text",

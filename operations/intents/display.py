@@ -18,8 +18,9 @@ from operations.intents.validation import (
 from operations.models import Action
 
 # An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
-# digits there (an account or phone number): masked where they stand.
-_EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[A-Za-z]{2,}")
+# digits there (an account or phone number): masked where they stand. A top-level domain is
+# any letters, not only Latin ones (.рф, .中国).
+_EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[^\W\d_]{2,}")
 _EMBEDDED_DIGITS = re.compile(rf"\d(?:[\d{NUMBER_SEPARATORS}]*\d)?")
 
 # Minor-unit exponents (ISO 4217) for the currencies that are not 2.
@@ -60,6 +61,15 @@ def mask_digits(value: str) -> str:
     return "••••" + value[-4:]
 
 
+def mask_reference(value: str) -> str:
+    """A reference to a payee or an account: cut to its last four where it holds an account
+    number, as mask_digits does; else what is personal in it (an email address) masked where
+    it stands. A payee is often named by its address alone."""
+    if sum(ch.isdigit() for ch in value) >= 6:
+        return mask_digits(value)
+    return mask_inline(value)
+
+
 def mask_text(value: str) -> str:
     if len(value) <= 2:
         return "***"
@@ -81,8 +91,8 @@ def _mask_value(value: Any, how: str) -> str:
         return mask_inline(str(value))
     if how == "email":
         return mask_email(str(value)) if EMAIL_ADDRESS.match(str(value)) else mask_text(str(value))
-    if how == "digits":
-        return mask_digits(str(value))
+    if how == "reference":
+        return mask_reference(str(value))
     if how == "params":
         if isinstance(value, Mapping):
             return _params(value, masked=True)
@@ -211,7 +221,7 @@ def intent_summary(*, action: str, payload: Mapping[str, Any], unmasked: bool = 
     if action == Action.PAYMENTS_CREATE:
         return (
             f"Pay {money_format(p['amount_minor'], p['currency'])} to "
-            f"{shown(p['beneficiary_id'], mask_digits)} for invoice {p['invoice_id']}"
+            f"{shown(p['beneficiary_id'], mask_reference)} for invoice {p['invoice_id']}"
         )
     if action == Action.CRM_CREATE_DEAL:
         return (

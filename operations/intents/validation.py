@@ -22,7 +22,7 @@ class Field:
     name: str
     kind: type | tuple[type, ...]
     label: str
-    mask: str = ""  # "", "email", "digits", "params", "patch", "inline"
+    mask: str = ""  # "", "email", "reference", "params", "patch", "inline"
     minimum: int | None = None
 
 
@@ -33,15 +33,25 @@ _PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}")
 # not review it on an approval card, and scanning it for card data would cost seconds.
 MAX_INTENT_BYTES = 32 * 1024
 EMAIL_ADDRESS = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Unicode's format characters (category Cf, as of Unicode 15): soft hyphens, zero-width spaces
+# and joiners, direction marks, byte order marks. Invisible where text is shown, they can join
+# the groups of a number unseen. Listed, not computed: `re` has no \p{Cf}, and scanning every
+# code point at import costs a tenth of a second (a test holds this list to the running
+# Python's Unicode data).
+FORMAT_CHARACTERS = (
+    r"\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    r"\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    r"\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+)
 # What stands between the groups of a number as people write it ("4111 1111 …", "4111-1111…",
-# "4111.1111…") and as text pasted from elsewhere carries it: tabs, non-breaking or repeated
-# spaces, line breaks, typographic dashes.
-NUMBER_SEPARATORS = r"\s.\-\u2010-\u2015\u2212\ufe63\uff0d"
+# "4111.1111…", "4111/1111…", "4111_1111…") and as text pasted from elsewhere carries it: tabs,
+# non-breaking or repeated spaces, line breaks, typographic dashes, invisible format characters.
+NUMBER_SEPARATORS = r"\s.\-_/\u2010-\u2015\u2212\ufe63\uff0d" + FORMAT_CHARACTERS
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     Action.PAYMENTS_CREATE: (
         Field("invoice_id", str, "Invoice"),
-        Field("beneficiary_id", str, "Beneficiary", mask="digits"),
+        Field("beneficiary_id", str, "Beneficiary", mask="reference"),
         Field("amount_minor", int, "Amount", minimum=1),
         Field("currency", str, "Currency"),
     ),
@@ -63,14 +73,23 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
     ),
 }
 
-# Names that only ever hold secrets or card data, as the last word of a field name
-# (`client_secret`, `apiKey`, `card-number`), never inside a word (`timespan`).
+# Names that only ever hold secrets or card data: "secret" as any word of a field name
+# (`client_secret`, `secretKey`, `secret_token_id`), the others as its last words (`apiKey`,
+# `private_key`, `card-number`), never inside a word (`timespan`, `secretary`).
 _SECRET_NAMES = re.compile(
-    r"(?:^|_)(password|passwd|secret|token|api_?key|card_?number|pan|cvv|cvc|iban_full)$"
+    r"(?:^|_)secret(?:_|$)"
+    r"|(?:^|_)(password|passwd|token|api_?key|private_?key|card_?number|pan|cvv|cvc|iban_full)$"
 )
 _SECRET_VALUES = (
     (re.compile(r"\b(sk|rk)_(live|test)_[0-9A-Za-z]{8,}"), "an API secret key"),
     (re.compile(r"\bwhsec_[0-9A-Za-z]{8,}"), "a webhook secret"),
+    # A PaymentIntent's or SetupIntent's client secret: whoever holds it can confirm the payment.
+    (re.compile(r"\b(pi|seti)_[0-9A-Za-z]{8,}_secret_[0-9A-Za-z]{8,}"), "a payment client secret"),
+    # LLM providers' keys (`sk-proj-…`, `sk-ant-api03-…`, `sk-` and 48 letters and digits).
+    (
+        re.compile(r"\bsk-(?:(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}|[A-Za-z0-9]{20,})"),
+        "an API secret key",
+    ),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
     (re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]{16,}"), "a bearer token"),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), "a JWT"),
@@ -128,16 +147,40 @@ _TYPED_NUMBER_PATHS = frozenset(
 )
 
 
+_CARD_NUMBER = "a full card number"
+
+
+def _looks_like(text: str) -> str:
+    """The card data or secret the text holds ("a full card number", "a JWT"), or ""."""
+    if _holds_card_number(text):
+        return _CARD_NUMBER
+    for pattern, what in _SECRET_VALUES:
+        if pattern.search(text):
+            return what
+    return ""
+
+
+def _named(name: str) -> str:
+    """A key or a path as a refusal may repeat it. Refusals are printed into shells, CI logs
+    and pages, so one holding card data or a secret is described, never repeated. A whole
+    path is checked, not only its last key: keys clean alone can join into a card number
+    ("4111.1111 1111 1111")."""
+    what = _looks_like(name)
+    return f"a field whose name looks like {what}" if what else name
+
+
 def _refuse_secrets(value: Any, path: str) -> None:
     if isinstance(value, Mapping):
         for key, inner in value.items():
-            if _SECRET_NAMES.search(_field_words(str(key))):
-                raise IntentError(f"{path}.{key}: a field named like a secret is not allowed")
             # A key is journaled and shown like a value: a card or a secret there is refused
-            # too, and the refusal does not repeat it.
-            problem = secret_in_text(str(key))
-            if problem:
-                raise IntentError(f"{path}: a key looks like {problem}")
+            # too, before any refusal could repeat it.
+            what = _looks_like(str(key))
+            if what:
+                raise IntentError(f"{_named(path)}: a key looks like {what}")
+            if _SECRET_NAMES.search(_field_words(str(key))):
+                raise IntentError(
+                    f"{_named(f'{path}.{key}')}: a field named like a secret is not allowed"
+                )
             if f"{path}.{key}" in _TYPED_NUMBER_PATHS and isinstance(inner, int):
                 continue
             _refuse_secrets(inner, f"{path}.{key}")
@@ -147,24 +190,24 @@ def _refuse_secrets(value: Any, path: str) -> None:
     elif isinstance(value, (int, str)) and not isinstance(value, bool):
         if _holds_card_number(value if isinstance(value, str) else str(abs(value))):
             raise IntentError(
-                f"{path}: looks like a full card number; intents carry references, "
+                f"{_named(path)}: looks like a full card number; intents carry references, "
                 "never card data"
             )
     if isinstance(value, str):
         for pattern, what in _SECRET_VALUES:
             if pattern.search(value):
-                raise IntentError(f"{path}: looks like {what}; secrets never enter the journal")
+                raise IntentError(
+                    f"{_named(path)}: looks like {what}; secrets never enter the journal"
+                )
 
 
 def secret_in_text(text: str) -> str:
     """What a person's own words (a reason, evidence, a comment) must not carry into the
     journal and the audit trail, which every viewer reads: "" when clean."""
-    if _holds_card_number(text):
-        return "a full card number; write only its last four digits"
-    for pattern, what in _SECRET_VALUES:
-        if pattern.search(text):
-            return f"{what}; secrets never enter the journal"
-    return ""
+    what = _looks_like(text)
+    if what == _CARD_NUMBER:
+        return f"{what}; write only its last four digits"
+    return f"{what}; secrets never enter the journal" if what else ""
 
 
 def _unicode_text(text: str) -> bool:
@@ -179,33 +222,37 @@ def _unicode_text(text: str) -> bool:
 
 def _plain_json(value: Any, path: str) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SAFE_INTEGER:
-        raise IntentError(f"{path}: integers must be within ±{_MAX_SAFE_INTEGER}")
+        raise IntentError(f"{_named(path)}: integers must be within ±{_MAX_SAFE_INTEGER}")
     if isinstance(value, str) and not _unicode_text(value):
-        raise IntentError(f"{path}: text holds an unpaired surrogate (not Unicode)")
+        raise IntentError(f"{_named(path)}: text holds an unpaired surrogate (not Unicode)")
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return
     if isinstance(value, float):
-        raise IntentError(f"{path}: floats are not allowed; money is integer minor units")
+        raise IntentError(f"{_named(path)}: floats are not allowed; money is integer minor units")
     if isinstance(value, Mapping):
         for key, inner in value.items():
             if not isinstance(key, str):
-                raise IntentError(f"{path}: keys must be strings")
+                raise IntentError(f"{_named(path)}: keys must be strings")
             if not _unicode_text(key):
                 # Not named: the key itself could not be printed.
-                raise IntentError(f"{path}: a key holds an unpaired surrogate (not Unicode)")
+                raise IntentError(
+                    f"{_named(path)}: a key holds an unpaired surrogate (not Unicode)"
+                )
             _plain_json(inner, f"{path}.{key}")
         return
     if isinstance(value, list):
         for i, inner in enumerate(value):
             _plain_json(inner, f"{path}[{i}]")
         return
-    raise IntentError(f"{path}: {type(value).__name__} is not a JSON value")
+    raise IntentError(f"{_named(path)}: {type(value).__name__} is not a JSON value")
 
 
 def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     """Return the payload if it is a valid intent for `action`, else raise IntentError."""
     if action not in SCHEMAS:
-        raise IntentError(f"unknown action {action!r}; known: {', '.join(sorted(SCHEMAS))}")
+        # Repeated, as any name in a refusal, only when it holds no card data or secret.
+        named = "" if _looks_like(action) else f" {action!r}"
+        raise IntentError(f"unknown action{named}; known: {', '.join(sorted(SCHEMAS))}")
     if not isinstance(payload, Mapping):
         raise IntentError("payload must be a JSON object")
     fields = {f.name: f for f in SCHEMAS[action]}
@@ -214,7 +261,9 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
         raise IntentError(f"{action}: missing field(s): {', '.join(missing)}")
     extra = sorted(set(payload) - set(fields))
     if extra:
-        raise IntentError(f"{action}: unexpected field(s): {', '.join(extra)}")
+        raise IntentError(
+            f"{action}: unexpected field(s): {', '.join(_named(str(key)) for key in extra)}"
+        )
     for name, spec in fields.items():
         value = payload[name]
         # bool is an int in Python; an amount of `true` is a mistake, not a number.
@@ -258,7 +307,7 @@ def _deal_patch_validate(patch: Mapping[str, Any], *, action: str) -> None:
     unknown = sorted(set(patch) - set(DEAL_PATCH_FIELDS))
     if unknown:
         raise IntentError(
-            f"{action}: patch cannot change {', '.join(unknown)}; "
+            f"{action}: patch cannot change {', '.join(_named(str(key)) for key in unknown)}; "
             f"it may change {', '.join(DEAL_PATCH_FIELDS)}"
         )
     for name, value in patch.items():

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import html as html_lib
 import re
 from urllib.parse import urlencode
 
@@ -8,6 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import Approval, ApprovalStatus
+from operations.engine import operation_prepare
 from operations.models import AuditEvent
 from tests.approvals.conftest import BENEFICIARY, EMAIL
 from tests.helpers import signed_in
@@ -122,6 +124,49 @@ def test_it_never_shows_unmasked_values_on_any_approver_page(
             assert "anna.smith" not in html, page
     htmx = client.post(_approve_url(mail), {"comment": "ok"}, HTTP_HX_REQUEST="true")
     assert EMAIL not in htmx.content.decode()
+
+
+def _masked_pages_as_read(client: Client, approval: Approval) -> list[str]:
+    """Every masked page showing the intent, as a person reads it: tags gone, entities
+    decoded, invisible characters (soft hyphen, zero-width space) dropped as a screen does."""
+    op = approval.operation
+    pages = [
+        reverse("approvals:queue"),
+        reverse("approvals:detail", args=[approval.id]),
+        reverse("operations:detail", args=[op.id]),
+        reverse("operations:list"),
+    ]
+    texts = []
+    for page in pages:
+        response = client.get(page)
+        assert response.status_code == 200, page
+        text = html_lib.unescape(re.sub(r"<[^>]+>", " ", response.content.decode()))
+        texts.append(re.sub("[\u00ad\u200b\u2060\ufeff]", "", text))
+    return texts
+
+
+def test_it_never_shows_a_beneficiarys_email_address_on_a_masked_page(
+    acme, approver, prepare_payment
+):
+    # A payee named by email (as payouts to a person often are) is personal data, masked as
+    # a mail's recipient or a deal's owner is.
+    approval = prepare_payment(acme, beneficiary_id="jane.doe@example.com")
+    for page in _masked_pages_as_read(signed_in(approver), approval):
+        assert "jane.doe@example.com" not in page
+        assert "j***@example.com" in page
+
+
+def test_it_masks_an_email_address_with_a_national_top_level_domain_in_a_deal_name(
+    acme, approver
+):
+    op = operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal for ivan.petrov@пример.рф", "amount_minor": 1_000_000_00,
+        "currency": "KZT", "owner": "anna@example.com",
+    })
+    approval = Approval.objects.get(operation=op)
+    for page in _masked_pages_as_read(signed_in(approver), approval):
+        assert "ivan.petrov@" not in page
+        assert "i***@пример.рф" in page
 
 
 def test_it_shows_only_tenants_the_user_may_see(acme, globex, approver, prepare_payment):

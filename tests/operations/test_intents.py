@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import json
+import re
+import sys
+import unicodedata
+
 import pytest
+from django.core.management import CommandError, call_command
 
 from operations.intents import (
     IntentError,
@@ -10,9 +16,12 @@ from operations.intents import (
     intent_summary,
     intent_validate,
     mask_email,
+    mask_inline,
     money_format,
     secret_in_text,
 )
+from operations.intents.validation import FORMAT_CHARACTERS
+from operations.models import Operation
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_778812345",
            "amount_minor": 1250000, "currency": "KZT"}
@@ -115,6 +124,8 @@ def test_it_refuses_a_deal_target_that_is_not_one_deals_id(target):
         ({"user-password": "x"}, True),
         ({"timespan": "3 days"}, False),  # ends like "pan", is not one
         ({"tokenizer": "x"}, False),
+        ({"secretary": "x"}, False),  # begins like "secret", is not one
+        ({"sku": "sk-winter-sale-2026-blue-large"}, False),  # begins like a key, is not one
     ],
 )
 def test_it_tells_secret_fields_from_words_that_end_alike(params, refused):
@@ -372,7 +383,9 @@ def test_it_refuses_an_intent_outside_its_schema(action, payload, message):
 @pytest.mark.parametrize(
     "name",
     ["password", "passwd", "secret", "token", "api_key", "apikey", "card_number", "cardNumber",
-     "pan", "cvv", "cvc", "iban_full", "card.cvv", "Card-CVC"],
+     "pan", "cvv", "cvc", "iban_full", "card.cvv", "Card-CVC",
+     # "secret" as any word of the name, not only the last one.
+     "secret_key", "secretKey", "client_secret", "secret_token_id", "private_key", "privateKey"],
 )
 def test_it_refuses_every_field_named_like_a_secret_or_card_data(name):
     with pytest.raises(IntentError, match="a field named like a secret"):
@@ -390,6 +403,13 @@ def test_it_refuses_every_field_named_like_a_secret_or_card_data(name):
         ("ghp_" + "a" * 20, "an access token"),
         ("xoxb-1234567890", "an access token"),
         ("AKIAABCDEFGHIJKLMNOP", "a cloud access key"),
+        # Stripe's PaymentIntent client secret: whoever holds it can confirm the payment.
+        ("pi_3MtwBwLkdIwHu7ix28a3tqPa_secret_YrKJUKribcBjcG8HVhfZluoGH",
+         "a payment client secret"),
+        # LLM providers' keys, in a console for AI agents.
+        ("sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2, "an API secret key"),
+        ("sk-ant-api03-" + "Ab3dEf6hIj9kLm2n_Op5qRs8tUv1wXy4z-" * 3, "an API secret key"),
+        ("sk-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z", "an API secret key"),
     ],
 )
 def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
@@ -418,3 +438,155 @@ def test_it_masks_the_recipient_in_a_mail_summary():
         "Email “offer” to a***@example.com")
     assert intent_summary(action="mail.send", payload=payload, unmasked=True).endswith(
         "anna.smith@example.com")
+
+
+CARD = "4111111111111111"  # a Luhn-valid test Visa
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"\D", "", text)
+
+
+@pytest.mark.parametrize(
+    ("action", "payload"),
+    [
+        pytest.param("payments.create", {**PAYMENT, CARD: "x"}, id="unexpected-field"),
+        pytest.param("payments.create", {**PAYMENT, "sk_live_abcdefgh12345678": "x"},
+                     id="unexpected-field-named-like-a-secret-key"),
+        pytest.param("crm.update_deal", {**DEAL_CHANGE, "patch": {"4111 1111 1111 1111": "x"}},
+                     id="deal-patch-field"),
+        # The JSON check runs before the card check, and names the path to what it refuses.
+        pytest.param("mail.send", {**MAIL, "params": {CARD: 1.5}}, id="float-under-card-key"),
+        pytest.param("mail.send", {**MAIL, "params": {"4111": {"1111 1111 1111": 1.5}}},
+                     id="card-across-nested-keys"),
+        pytest.param("mail.send", {**MAIL, "params": {f"{CARD}_token": "x"}},
+                     id="card-key-named-like-a-secret"),
+        pytest.param(f"payments.{CARD}", PAYMENT, id="unknown-action"),
+    ],
+)
+def test_it_never_repeats_a_card_number_or_a_secret_in_a_refusal(action, payload):
+    # Refusals are printed into shells, CI logs and pages: not even a key or a path may
+    # carry what the intent must not.
+    with pytest.raises(IntentError) as refused:
+        intent_validate(action=action, payload=payload)
+    message = str(refused.value)
+    assert CARD not in _digits(message) and "abcdefgh" not in message, message
+
+
+@pytest.mark.django_db
+def test_it_never_repeats_a_card_number_in_the_clis_refusal_line(acme):
+    # `operations prepare` prints "intent refused: …" on stderr, into shells and CI logs.
+    with pytest.raises(CommandError) as refused:
+        call_command("operations", "prepare", "--tenant", "acme", "--action", "payments.create",
+                     "--payload", json.dumps({**PAYMENT, CARD: "paid"}))
+    assert not Operation.objects.exists()
+    assert "intent refused" in str(refused.value)
+    assert CARD not in _digits(str(refused.value)), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "separator",
+    [
+        pytest.param("\u00ad", id="soft-hyphen"),  # invisible when shown; PDFs and web copy
+        pytest.param("\u200b", id="zero-width-space"),  # invisible; chat and web copy
+        pytest.param("\u200d", id="zero-width-joiner"),
+        pytest.param("\u2060", id="word-joiner"),
+        pytest.param("\ufeff", id="byte-order-mark"),
+        pytest.param("_", id="underscore"),
+        pytest.param("/", id="slash"),
+        pytest.param(" \u200b", id="space-and-zero-width-space"),
+    ],
+)
+def test_it_refuses_a_card_number_whatever_joins_its_groups(separator):
+    card = separator.join(["4111", "1111", "1111", "1111"])
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="mail.send", payload={**MAIL, "params": {"note": card}})
+    # A person's words (reasons, evidence, comments) are held to the same check.
+    assert "card number" in secret_in_text(f"refunded to {card}")
+
+
+def test_it_joins_a_numbers_groups_by_every_unicode_format_character():
+    # The list is written out (`re` has no \p{Cf}); it must not fall behind Python's Unicode.
+    joiner = re.compile(f"[{FORMAT_CHARACTERS}]")
+    missing = [
+        f"U+{code:04X}" for code in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(code)) == "Cf" and not joiner.fullmatch(chr(code))
+    ]
+    assert not missing
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "due 2026/12/01",
+        "inv_2026_0001",
+        "inv_2026_0001 due 2026/12/01",
+        # Joined, these run to card lengths (13 to 16 digits), and fail Luhn.
+        "inv_2026_0001_2026_12_01",
+        "2026/12/01/000123",
+        "batch_2026_12_01_00017",
+        "12,500.00 KZT",
+        "1 250 000",
+        "call 701/555/0199",
+        "order 12345/67",
+        "ref\u00ad2026\u00ad0001",
+    ],
+)
+def test_it_accepts_dates_ids_amounts_and_short_numbers_whatever_joins_them(text):
+    # Only a 13 to 19 digit number that passes Luhn is card data, whatever joins its groups.
+    intent_validate(action="payments.create", payload={**PAYMENT, "invoice_id": text})
+    intent_validate(action="mail.send", payload={**MAIL, "params": {"note": text}})
+    assert secret_in_text(f"paid {text}") == ""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("Refund to card 4111\u00ad1111\u00ad1111\u00ad1111", id="soft-hyphens"),
+        pytest.param("Refund to card 4111\u200b1111\u200b1111\u200b1111", id="zero-width"),
+        pytest.param("Refund to card 4111_1111_1111_1111", id="underscores"),
+        pytest.param("Refund to card 4111/1111/1111/1111", id="slashes"),
+    ],
+)
+def test_it_masks_a_card_number_in_a_deal_name_whatever_joins_its_groups(name):
+    # Refused in a new intent; masked in one journaled before the check knew these joiners.
+    deal = {**DEAL, "name": name}
+    with pytest.raises(IntentError, match="card number"):
+        intent_validate(action="crm.create_deal", payload=deal)
+    rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
+    for shown in (rows["name"], intent_summary(action="crm.create_deal", payload=deal)):
+        assert CARD not in _digits(shown), shown
+        assert "Refund to card ••••1111" in shown
+
+
+def test_it_masks_a_beneficiary_named_by_email_and_cuts_an_account_to_its_last_four():
+    # A payee named by email (as payouts to a person often are) is personal data.
+    payment = {**PAYMENT, "beneficiary_id": "jane.doe@example.com"}
+    rows = {r.name: r.value for r in intent_rows(action="payments.create", payload=payment)}
+    assert rows["beneficiary_id"] == "j***@example.com"
+    assert intent_summary(action="payments.create", payload=payment) == (
+        "Pay 12,500.00 KZT to j***@example.com for invoice inv_9182")
+    changed = {**payment, "beneficiary_id": "john.doe@example.com"}
+    diff = intent_diff(action="payments.create", old_payload=payment, new_payload=changed)
+    assert [(d.old, d.new) for d in diff] == [
+        ("j***@example.com", "j***@example.com (changed in the masked part)")]
+    unmasked = {r.name: r.value for r in intent_rows(action="payments.create", payload=payment,
+                                                     unmasked=True)}
+    assert unmasked["beneficiary_id"] == "jane.doe@example.com"
+    # An account is cut to its last four, as before; a short id is no account number.
+    for beneficiary, shown in (("40817810099914321", "••••4321"), ("vendor_77", "vendor_77")):
+        rows = {r.name: r.value for r in intent_rows(
+            action="payments.create", payload={**PAYMENT, "beneficiary_id": beneficiary})}
+        assert rows["beneficiary_id"] == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("Renewal for ivan.petrov@пример.рф", "Renewal for i***@пример.рф"),
+        ("Renewal for li.wei@例子.中国", "Renewal for l***@例子.中国"),
+        ("Renewal for jane.doe@example.com", "Renewal for j***@example.com"),
+    ],
+)
+def test_it_masks_an_email_address_whatever_letters_its_top_level_domain_is_in(text, masked):
+    assert mask_inline(text) == masked

@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.urls import reverse
 
 from operations.engine import operation_dispute, operation_resolve
-from operations.models import Attempt, AuditEvent, Evidence, EvidenceKind
+from operations.models import Attempt, AuditEvent, Evidence, EvidenceKind, OperationStatus
 from tests.helpers import signed_in
 from tests.operations.engine_helpers import make_unknown, prepared_payment
 from tests.operations.operator_helpers import RESOLVE, TEXT_ONLY, audit_count
@@ -92,6 +93,36 @@ def test_it_keeps_card_numbers_an_operator_types_out_of_the_journal(
     assert not Evidence.objects.filter(operation=op, summary__contains="4111").exists()
     assert not AuditEvent.objects.filter(object_id=op.id, reason__contains="4111").exists()
     assert not Attempt.objects.filter(operation=op).exists()  # no lookup was made either
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "separator",
+    [pytest.param("\u00ad", id="soft-hyphen"), pytest.param("\u200b", id="zero-width-space"),
+     pytest.param("_", id="underscore"), pytest.param("/", id="slash")],
+)
+def test_it_refuses_a_card_number_in_a_reason_whatever_joins_its_groups(
+    acme, operator, auditor, separator
+):
+    # Pasted from a PDF or a chat, the groups are joined by characters no one sees; stored, the
+    # number would be shown whole on the timeline and the audit trail every viewer reads.
+    op = make_unknown(prepared_payment(acme))
+    card = separator.join(["4111", "1111", "1111", "1111"])
+    response = signed_in(operator).post(
+        reverse("operations:dispute", args=[op.id]),
+        {"dispute-reason": f"customer says card {card} was charged twice"},
+    )
+    assert response.status_code == 400
+    assert "looks like a full card number" in response.content.decode()
+    op.refresh_from_db()
+    assert op.status != OperationStatus.DISPUTED
+    stored = [
+        *AuditEvent.objects.filter(object_id=op.id).values_list("reason", flat=True),
+        *Evidence.objects.filter(operation=op).values_list("summary", flat=True),
+    ]
+    assert not [text for text in stored if "4111111111111111" in re.sub(r"\D", "", text)]
+    timeline = signed_in(auditor).get(reverse("operations:detail", args=[op.id]))
+    assert "4111111111111111" not in re.sub(r"\D", "", timeline.content.decode())
 
 
 @pytest.mark.django_db

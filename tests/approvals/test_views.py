@@ -564,15 +564,18 @@ def test_it_says_the_time_zone_of_the_replaced_intents_decisions(
     assert "<th>Decided (UTC)</th>" in html and "<th>Decided</th>" not in html
 
 
-def test_it_shows_why_the_replaced_intent_was_rejected_on_the_changed_ones_card(
-    acme, approver, prepare_payment, no_execute
+@pytest.mark.parametrize("changes", [{"amount_minor": 1_150_000}, {}],
+                         ids=["changed", "asked-again-unchanged"])
+def test_it_shows_why_the_replaced_intent_was_rejected_on_the_new_ones_card(
+    acme, approver, prepare_payment, no_execute, changes
 ):
     from approvals.services import approval_reject
 
     old = prepare_payment(acme)
     approval_reject(approval_id=old.id, actor=approver, reason="wrong amount, see contract")
-    # The agent fixes the amount: a new intent replacing the rejected (cancelled) one.
-    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_150_000)
+    # The agent fixes the amount, or asks again unchanged: a new intent replacing the
+    # rejected (cancelled) one. Unchanged, the card must still say what befell the first.
+    new = prepare_payment(acme, supersedes=old.operation, **changes)
     client = signed_in(approver)
 
     queue = client.get(reverse("approvals:queue")).content.decode()
@@ -580,10 +583,33 @@ def test_it_shows_why_the_replaced_intent_was_rejected_on_the_changed_ones_card(
     card = card[:card.index("</article>")]
     assert f'href="{reverse("approvals:detail", args=[old.id])}"' in card
     assert "rejected" in card and "wrong amount, see contract" in card
+    assert ("Asked again, unchanged" in card) == (not changes)
 
     detail = client.get(reverse("approvals:detail", args=[new.id])).content.decode()
     assert "<th>Reason or comment</th>" in detail
     assert "<td>wrong amount, see contract</td>" in detail
+
+
+def test_it_names_the_expired_request_an_unchanged_intent_asks_again_for(
+    acme, approver, prepare_payment, no_execute
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.services import approvals_expire_overdue
+
+    # As the expiry refusal tells the agent: prepare the intent anew, superseding this one.
+    old = prepare_payment(acme)
+    Approval.objects.filter(id=old.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert approvals_expire_overdue() == 1
+    again = prepare_payment(acme, supersedes=old.operation)
+    assert again.payload_hash == old.payload_hash
+
+    queue = signed_in(approver).get(reverse("approvals:queue")).content.decode()
+    card = queue[queue.index(f'id="card-{again.id}"'):]
+    card = card[:card.index("</article>")]
+    assert f'href="{reverse("approvals:detail", args=[old.id])}"' in card and "expired" in card
 
 
 def test_it_counts_and_offers_nothing_of_another_tenant_in_the_queue(

@@ -303,6 +303,9 @@ PAYMENTS_API_KEY = _provider_credential(
     "PAYMENTS_API_KEY", "sk_test_sandbox", base=PAYMENTS_API_BASE)
 PAYMENTS_WEBHOOK_SECRET = _provider_credential(
     "PAYMENTS_WEBHOOK_SECRET", "whsec_sandbox_payments", base=PAYMENTS_API_BASE)
+# The Stripe API version every payments request names (Stripe-Version); empty: the account's
+# default. Create the webhook endpoint at the same version: events come in its shapes.
+PAYMENTS_API_VERSION = os.environ.get("PAYMENTS_API_VERSION", "2024-06-20")
 # Stripe's search index trails writes by up to a minute: an empty search younger than this
 # after our last call proves nothing.
 PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60")

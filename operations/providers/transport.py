@@ -210,6 +210,10 @@ def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
         # (Stripe coded a rate limit as a 400 with code rate_limit before it used 429; its
         # own client still reads both.)
         return CallOutcome.UNKNOWN, "rate_limited", message
+    if answer.status == 424:
+        # Stripe: "a failure in a dependency external to Stripe" (a bank, a card network),
+        # which says nothing of how far the request got: a lookup finds out.
+        return CallOutcome.UNKNOWN, "external_dependency", message
     if 400 <= answer.status < 500:
         return CallOutcome.FAILED, "validation", message
     # A redirect or other surprise: we cannot tell what happened.
@@ -233,18 +237,28 @@ def lookup_failure(answer: Answer, *, method: Any) -> LookupResult:
 
 
 def lookup_by_id(
-    url: str, *, api_key: str, what: str, found: Callable[[Mapping[str, Any]], dict[str, Any]]
+    url: str, *, api_key: str, what: str, found: Callable[[Mapping[str, Any]], dict[str, Any]],
+    headers: dict[str, str] | None = None,
 ) -> LookupResult:
-    """GET one object by the provider's own id: absent on 404 (a provider never reuses an
-    id it gave, so "no such object" is a proof), inconclusive when it could not be asked,
-    else FOUND with what `found` reads of the object (status, external_id, facts, the
-    operation ids it carries)."""
+    """GET one object by the provider's own id: absent on a 404 that says the object is
+    missing (a provider never reuses an id it gave, so "no such object" is a proof),
+    inconclusive when it could not be asked, else FOUND with what `found` reads of the
+    object (status, external_id, facts, the operation ids it carries)."""
     method = LookupMethod.EXTERNAL_ID
-    answer = send("GET", url, api_key=api_key)
+    answer = send("GET", url, api_key=api_key, headers=headers)
     common = lookup_common(answer, method=method)
-    if answer.status == 404:
+    if answer.status == 404 and answer.error.get("code") == "resource_missing":
         return LookupResult(outcome=LookupOutcome.ABSENT, reason=f"{what} does not exist",
                             **common)
+    if answer.status == 404:
+        # Stripe answers a path it does not know (an API base ending in /v1, a proxy's own
+        # page) with a 404 too, with no code: that says nothing of the object.
+        return LookupResult(
+            outcome=LookupOutcome.INCONCLUSIVE, retry_after=LOOKUP_RETRY_AFTER,
+            reason="the provider answered 404 without saying the object is missing "
+            f"(is the API base right?): {answer.error.get('message') or answer.message}",
+            **common,
+        )
     if not answer.ok:
         return lookup_failure(answer, method=method)
     return LookupResult(outcome=LookupOutcome.FOUND, **found(answer.body), **common)

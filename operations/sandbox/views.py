@@ -125,6 +125,10 @@ def _nul_byte(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> J
     return None
 
 
+# Stripe's API versions: a date, since 2024-09-30 with a release name ("2024-12-18.acacia").
+STRIPE_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(?:\.[a-z]+)?")
+
+
 def _authorized(request: HttpRequest, provider: str) -> bool:
     expected = f"Bearer {getattr(settings, f'{provider.upper()}_API_KEY')}"
     return digests_equal(expected, request.headers.get("Authorization", ""))
@@ -145,6 +149,11 @@ def _answer(
     if not _authorized(request, provider):
         return error(401, type="authentication_error", code="invalid_api_key",
                      message="Invalid API key provided")
+    version = request.headers.get("Stripe-Version", "")
+    if provider == Provider.PAYMENTS and version and not STRIPE_VERSION.fullmatch(version):
+        # Stripe refuses a version it does not know before it does anything.
+        return error(400, type="invalid_request_error", code="",
+                     message=f"Invalid Stripe API version: {version[:40]}")
     if params is None:
         return invalid("The body is not a JSON object", code="parameter_invalid_json")
     problem = _too_long(request, params) or _nul_byte(request, params, kwargs)

@@ -97,6 +97,38 @@ def test_it_creates_retrieves_and_searches_a_payment(sandbox):
     assert PaymentIntent.objects.count() == 1
 
 
+def test_it_takes_only_a_404_that_says_the_object_is_missing_for_proof_of_absence(
+    sandbox, settings
+):
+    made = PAYMENTS.call(payment())
+    assert PAYMENTS.retrieve(made.external_id).outcome is LookupOutcome.FOUND
+    assert PAYMENTS.retrieve("pi_doesnotexist").outcome is LookupOutcome.ABSENT
+    # An API base that ends in /v1 (as Stripe's own URLs read): every path is one the
+    # provider does not know, and its 404 says nothing of the payment.
+    settings.PAYMENTS_API_BASE = f"{sandbox}/payments/v1"
+    for external_id in (made.external_id, "pi_doesnotexist"):
+        found = PAYMENTS.retrieve(external_id)
+        assert (found.outcome, found.http_status) == (LookupOutcome.INCONCLUSIVE, 404)
+        assert "is the API base right?" in found.reason
+
+
+def test_it_names_the_api_version_it_reads_on_every_payments_request(sandbox, settings):
+    made = PAYMENTS.call(payment())
+    assert made.outcome is CallOutcome.SUCCEEDED
+    # The sandbox, as Stripe, refuses a version it does not know before doing anything: so
+    # each of the three requests carries the configured one.
+    settings.PAYMENTS_API_VERSION = "2024-13-not-a-version"
+    refused = PAYMENTS.call(payment())
+    assert (refused.outcome, refused.http_status) == (CallOutcome.FAILED, 400)
+    assert "Invalid Stripe API version" in refused.error_message
+    op = payment()
+    for found in (PAYMENTS.retrieve(made.external_id), PAYMENTS.lookup(op)):
+        assert (found.outcome, found.http_status) == (LookupOutcome.INCONCLUSIVE, 400)
+    assert PaymentIntent.objects.count() == 1
+    settings.PAYMENTS_API_VERSION = ""  # the account's default: no header at all
+    assert PAYMENTS.call(payment()).outcome is CallOutcome.SUCCEEDED
+
+
 def test_it_never_takes_a_payment_it_was_given_and_cannot_find_for_proof_of_absence(sandbox):
     op = payment()
     made = PAYMENTS.call(op)
@@ -719,6 +751,8 @@ def test_it_links_a_mail_event_by_the_operation_its_message_carries(settings):
         (Answer(409), CallOutcome.UNKNOWN, "concurrent_request"),
         (Answer(302), CallOutcome.UNKNOWN, "unexpected_status"),
         (Answer(422), CallOutcome.FAILED, "validation"),
+        # Stripe: a failure "in a dependency external to Stripe", nothing of how far it got.
+        (Answer(424), CallOutcome.UNKNOWN, "external_dependency"),
         # Stripe's error type and code outrank the status, as in Stripe's own client: a
         # rate limit coded the old way did nothing, and a misused key is for a person.
         (Answer(400, {"error": {"type": "invalid_request_error", "code": "rate_limit"}}),

@@ -8,7 +8,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, QuerySet, Value
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Q,
+    QuerySet,
+    Value,
+)
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
@@ -20,8 +28,11 @@ from operations.models import Operation
 def _due(now: datetime) -> tuple[QuerySet[Operation], QuerySet[Operation]]:
     """(expired leases, unknowns and accepteds whose next check is due), oldest first; each
     a range of its partial index."""
-    expired = Operation.objects.filter(status=S.IN_PROGRESS, lease_expires_at__lte=now).order_by(
-        "lease_expires_at"
+    expired = (
+        Operation.objects.filter(status=S.IN_PROGRESS, lease_expires_at__lte=now)
+        # Not while an earlier sweep's claim on it runs (see below).
+        .filter(Q(next_reconcile_at__isnull=True) | Q(next_reconcile_at__lte=now))
+        .order_by("lease_expires_at")
     )
     due = Operation.objects.filter(
         next_reconcile_at__lte=now, status__in=[S.UNKNOWN, S.ACCEPTED]
@@ -81,15 +92,24 @@ def operations_claim_due_for_reconcile(*, limit: int = 200) -> list[str]:
     the following sweeps (every few seconds) do not queue it again while its reconcile runs.
     A reconcile that never runs leaves the claim to run out; the operation is due again."""
     now = timezone.now()
+    claim_until = now + timedelta(seconds=reconcile_claim_seconds())
     expired, due = _due(now)
     with transaction.atomic():
         # SKIP LOCKED: a reconcile or transition holding the row is already dealing with it.
+        claimed_expired = list(
+            expired.select_for_update(skip_locked=True).values_list("id", flat=True)[:limit]
+        )
         claimed = list(
             due.select_for_update(skip_locked=True).values_list("id", flat=True)[:limit]
         )
-        Operation.objects.filter(id__in=claimed, next_reconcile_at__lte=now).update(
-            next_reconcile_at=now + timedelta(seconds=reconcile_claim_seconds())
+        # An expired lease is claimed too: while workers are behind (a provider outage),
+        # every sweep, and a second beat in a deploy's overlap, would queue another
+        # reconcile of it, each a lookup. Its reconcile's first transition (to unknown)
+        # sets the next check anew; a worker finishing late clears it.
+        Operation.objects.filter(id__in=claimed_expired, status=S.IN_PROGRESS).update(
+            next_reconcile_at=claim_until
         )
-    # An expired lease turns unknown as soon as its reconcile starts, and that transition
-    # claims the next check itself (_expire_lease).
-    return list(dict.fromkeys([*expired.values_list("id", flat=True)[:limit], *claimed]))
+        Operation.objects.filter(id__in=claimed, next_reconcile_at__lte=now).update(
+            next_reconcile_at=claim_until
+        )
+    return list(dict.fromkeys([*claimed_expired, *claimed]))

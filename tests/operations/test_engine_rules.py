@@ -361,16 +361,24 @@ def test_it_links_a_webhook_only_to_one_operation_of_the_provider_that_sent_it(a
 
 
 @pytest.mark.django_db
-def test_it_queues_a_due_reconcile_once_until_its_claim_runs_out(acme, settings):
+@pytest.mark.parametrize("due", ["unknown_due", "lease_expired"])
+def test_it_queues_a_due_reconcile_once_until_its_claim_runs_out(acme, settings, due):
     from operations.engine import (
         operations_claim_due_for_reconcile,
         operations_due_for_reconcile,
     )
-    from tests.operations.engine_helpers import make_unknown
+    from tests.operations.engine_helpers import died_mid_call, make_unknown
 
     settings.PROVIDER_TIMEOUT_SECONDS = 10
-    op = make_unknown(prepared_payment(acme))
-    Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
+    if due == "unknown_due":
+        op = make_unknown(prepared_payment(acme))
+        Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
+    else:
+        # While workers are behind, or with a second beat in a deploy's overlap, each
+        # sweep would queue another reconcile of it, and each would be a lookup.
+        op = died_mid_call(prepared_payment(acme),
+                           claimed=timezone.now() - timedelta(minutes=2))
+    status = Operation.objects.get(id=op.id).status
 
     first = operations_claim_due_for_reconcile()
     again = operations_claim_due_for_reconcile()  # the next sweep, while the lookup runs
@@ -378,7 +386,7 @@ def test_it_queues_a_due_reconcile_once_until_its_claim_runs_out(acme, settings)
     assert first == [op.id] and again == []
     op.refresh_from_db()
     assert op.next_reconcile_at > timezone.now() + timedelta(seconds=25)
-    assert op.status == S.UNKNOWN  # a claim moves nothing but the next check
+    assert op.status == status  # a claim moves nothing but the next check
     # A reconcile that never ran: once the claim runs out, the operation is due again.
     Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
     assert operations_due_for_reconcile() == [op.id]

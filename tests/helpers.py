@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
@@ -82,6 +82,17 @@ def migrated_back_to(targets: list[tuple[str, str]]) -> Iterator[Callable]:
         yield forward
     finally:
         forward(executor.loader.graph.leaf_nodes())
+
+
+def attempts_backdated(attempts, **times: Any) -> int:
+    """Move the recorded times of attempts (`started_at`, `finished_at`, …) into the past,
+    as if they were made that long ago: a record PostgreSQL keeps from any rewrite
+    (operations 0020), so rewritten here past its trigger, in this statement alone."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        changed = attempts.update(**times)
+        cursor.execute("SET LOCAL session_replication_role = DEFAULT")
+    return changed
 
 
 def inserted_past_the_lineage_trigger(op) -> None:

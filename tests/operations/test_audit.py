@@ -54,6 +54,60 @@ def test_it_refuses_update_and_delete_of_evidence(acme):
     assert proof.summary == "bank says paid"
 
 
+@pytest.mark.django_db
+def test_it_keeps_a_calls_record_and_writes_its_answer_once(acme):
+    from django.utils import timezone
+
+    from operations.engine.core import unanswered_call_lands_by
+    from operations.models import Attempt, AttemptOutcome
+    from tests.operations.engine_helpers import died_mid_call, prepared_payment
+
+    op = died_mid_call(prepared_payment(acme), claimed=timezone.now())
+    call = op.attempts.get()
+    refused = (InternalError, IntegrityError)
+    # What keeps a lookup from calling again while this call may still land.
+    with pytest.raises(refused, match="every call and lookup is kept"), transaction.atomic():
+        Attempt.objects.filter(id=call.id).delete()
+    with pytest.raises(refused, match="what was sent is immutable"), transaction.atomic():
+        Attempt.objects.filter(id=call.id).update(idempotency_key="ik_other")
+    assert unanswered_call_lands_by(op) is not None
+    # Its answer is written once (as the engine does), then never rewritten.
+    Attempt.objects.filter(id=call.id).update(
+        outcome=AttemptOutcome.SUCCEEDED, finished_at=timezone.now(), external_id="pi_1",
+        http_status=200)
+    with pytest.raises(refused, match="recorded once"), transaction.atomic():
+        Attempt.objects.filter(id=call.id).update(
+            outcome=AttemptOutcome.FAILED, external_id="", http_status=402)
+    # A person's review marks it, later.
+    Attempt.objects.filter(id=call.id).update(needs_review=True, review_note="a second object")
+    call.refresh_from_db()
+    assert (call.outcome, call.external_id, call.needs_review) == ("succeeded", "pi_1", True)
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_provider_event_and_what_it_said(acme):
+    from operations.models import WebhookEvent
+    from tests.operations.engine_helpers import prepared_payment
+
+    op = prepared_payment(acme)
+    event = WebhookEvent.objects.create(provider="payments", event_id="evt_1",
+                                        event_type="payment_intent.succeeded",
+                                        external_id="pi_1", data={"id": "pi_1"})
+    refused = (InternalError, IntegrityError)
+    # Deleted, the provider's redelivery would be a first delivery, applied again.
+    with pytest.raises(refused, match="redelivered"), transaction.atomic():
+        WebhookEvent.objects.filter(id=event.id).delete()
+    with pytest.raises(refused, match="immutable"), transaction.atomic():
+        WebhookEvent.objects.filter(id=event.id).update(data={"id": "pi_2"})
+    # Linked once, and decided: what the engine writes.
+    WebhookEvent.objects.filter(id=event.id).update(operation=op, applied=True, outcome="applied")
+    with pytest.raises(refused, match="immutable"), transaction.atomic():
+        WebhookEvent.objects.filter(id=event.id).update(
+            operation=prepared_payment(acme, invoice_id="inv_other"))
+    event.refresh_from_db()
+    assert (event.operation_id, event.data, event.applied) == (op.id, {"id": "pi_1"}, True)
+
+
 @pytest.fixture
 def trail(acme, globex, approver):
     for i in range(7):

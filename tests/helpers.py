@@ -84,13 +84,13 @@ def migrated_back_to(targets: list[tuple[str, str]]) -> Iterator[Callable]:
         forward(executor.loader.graph.leaf_nodes())
 
 
-def attempts_backdated(attempts, **times: Any) -> int:
-    """Move the recorded times of attempts (`started_at`, `finished_at`, …) into the past,
-    as if they were made that long ago: a record PostgreSQL keeps from any rewrite
-    (operations 0020), so rewritten here past its trigger, in this statement alone."""
+def updated_past_triggers(rows, **fields: Any) -> int:
+    """Rewrite rows PostgreSQL keeps from rewrites (a call's times, a decided approval), as a
+    test sets up a past it cannot wait for or a tampering it must survive: past the
+    triggers, in this statement alone."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL session_replication_role = replica")
-        changed = attempts.update(**times)
+        changed = rows.update(**fields)
         cursor.execute("SET LOCAL session_replication_role = DEFAULT")
     return changed
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InternalError, transaction
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
@@ -17,6 +17,7 @@ from approvals.services import (
 from operations.engine import operation_cancel
 from operations.models import AuditEvent, Operation, OperationStatus, Run
 from tests.factories import UserFactory
+from tests.helpers import updated_past_triggers
 
 pytestmark = pytest.mark.django_db
 
@@ -104,9 +105,33 @@ def test_it_refuses_an_expired_approval_marks_it_expired_and_audits(
     assert no_execute == []
 
 
+def test_it_keeps_a_decided_approval_as_it_was_decided(acme, approver, prepare_payment,
+                                                        no_execute):
+    approval = prepare_payment(acme)
+    approval_approve(approval_id=approval.id, actor=approver, comment="checked the invoice")
+    refused = (IntegrityError, InternalError)
+    for change in (
+        lambda: Approval.objects.filter(id=approval.id).update(
+            status=ApprovalStatus.REJECTED, comment="never approved"),
+        lambda: Approval.objects.filter(id=approval.id).update(decided_by=None),
+        lambda: Approval.objects.filter(id=approval.id).update(status=ApprovalStatus.PENDING),
+        lambda: Approval.objects.filter(id=approval.id).delete(),
+    ):
+        with pytest.raises(refused, match=r"decided|DELETE"), transaction.atomic():
+            change()
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by, approval.comment) == (
+        ApprovalStatus.APPROVED, approver, "checked the invoice")
+
+
 def test_it_refuses_a_tampered_hash(acme, approver, prepare_payment, no_execute):
     approval = prepare_payment(acme)
-    Approval.objects.filter(id=approval.id).update(payload_hash="sha256:" + "0" * 64)
+    # PostgreSQL keeps an approval to the intent it binds...
+    with pytest.raises((IntegrityError, InternalError), match="immutable"), transaction.atomic():
+        Approval.objects.filter(id=approval.id).update(payload_hash="sha256:" + "0" * 64)
+    # ...and should a row be tampered with past it, approving it still does nothing.
+    updated_past_triggers(Approval.objects.filter(id=approval.id),
+                          payload_hash="sha256:" + "0" * 64)
     with pytest.raises(ApprovalRefused, match="hash mismatch"):
         approval_approve(approval_id=approval.id, actor=approver)
     approval.refresh_from_db()

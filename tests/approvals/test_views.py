@@ -12,7 +12,7 @@ from approvals.models import Approval, ApprovalStatus
 from operations.engine import operation_prepare
 from operations.models import AuditEvent
 from tests.approvals.conftest import BENEFICIARY, EMAIL
-from tests.helpers import signed_in
+from tests.helpers import signed_in, updated_past_triggers
 
 pytestmark = pytest.mark.django_db
 
@@ -437,7 +437,8 @@ def test_it_counts_the_pending_queue_and_the_last_days_decisions(
     old, recent = prepare_payment(acme), prepare_payment(acme)
     for approval in (old, recent):
         signed_in(admin_user).post(_approve_url(approval))
-    Approval.objects.filter(id=old.id).update(decided_at=timezone.now() - timedelta(days=2))
+    updated_past_triggers(Approval.objects.filter(id=old.id),
+                          decided_at=timezone.now() - timedelta(days=2))
 
     response = signed_in(approver).get(reverse("approvals:queue"))
 

@@ -22,7 +22,7 @@ from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.factories import CallAttemptFactory
-from tests.helpers import Background, attempts_backdated, wait_for
+from tests.helpers import Background, updated_past_triggers, wait_for
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 from tests.operations.failure_helpers import (
     executed_into_a_fault,
@@ -152,8 +152,8 @@ def test_it_measures_the_search_lag_from_the_newest_call_a_concurrent_reconcile_
     # Call 1: refused before any write, three minutes ago.
     op = executed_into_a_fault(acme, approver, "http_500")
     long_ago = timezone.now() - timedelta(minutes=3)
-    attempts_backdated(Attempt.objects.filter(operation=op),
-                       started_at=long_ago, finished_at=long_ago)
+    updated_past_triggers(Attempt.objects.filter(operation=op),
+                          started_at=long_ago, finished_at=long_ago)
     # Reconcile R stalls as it reads what it will tell the provider's search...
     stalled_once, go = threading.Event(), threading.Event()
     real_snapshot, main = reconcile_module.snapshot, threading.get_ident()
@@ -244,8 +244,8 @@ def test_it_closes_as_never_done_once_no_call_can_land_and_the_approval_ran_out(
     assert report.outcome == "inconclusive" and not report.may_call_again  # may still land
     # The provider's late-landing window after the call has passed.
     earlier = timezone.now() - timedelta(minutes=5)
-    attempts_backdated(Attempt.objects.filter(operation=op, kind=AttemptKind.CALL),
-                       started_at=earlier, finished_at=earlier)
+    updated_past_triggers(Attempt.objects.filter(operation=op, kind=AttemptKind.CALL),
+                          started_at=earlier, finished_at=earlier)
     report = engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == S.CANCELLED and op.error_code == "authorization"

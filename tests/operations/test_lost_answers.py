@@ -20,7 +20,7 @@ from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import Deal, IdempotencyRecord, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
-from tests.helpers import attempts_backdated
+from tests.helpers import updated_past_triggers
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
 
@@ -205,8 +205,8 @@ def test_it_leaves_a_call_made_in_another_provider_account_to_a_person(
     op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=2))
     first_account = adapter(op.action).account()
     # The dead worker's call went to the first account.
-    attempts_backdated(Attempt.objects.filter(operation=op, number=1),
-                       provider_account=first_account)
+    updated_past_triggers(Attempt.objects.filter(operation=op, number=1),
+                          provider_account=first_account)
     assert adapter(op.action).call(snapshot(op)).external_id
     settings.PAYMENTS_API_KEY = "sk_live_another_account"
     PaymentIntent.objects.all().delete()

@@ -19,7 +19,7 @@ from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.services import sandbox_fault_clear, sandbox_fault_set
-from tests.helpers import attempts_backdated, wait_for
+from tests.helpers import updated_past_triggers, wait_for
 from tests.operations.engine_helpers import authorized_payment
 from tests.operations.failure_helpers import payment_posts
 
@@ -123,8 +123,8 @@ def _landed_late_unseen(
     intent = PaymentIntent.objects.get()
     now = timezone.now()
     gave_up = now - timedelta(seconds=gave_up_ago)
-    attempts_backdated(Attempt.objects.filter(operation=op, kind=AttemptKind.CALL),
-                       started_at=gave_up - timedelta(seconds=1), finished_at=gave_up)
+    updated_past_triggers(Attempt.objects.filter(operation=op, kind=AttemptKind.CALL),
+                          started_at=gave_up - timedelta(seconds=1), finished_at=gave_up)
     PaymentIntent.objects.filter(id=intent.id).update(
         created_at=gave_up + timedelta(seconds=landed_after))
     Operation.objects.filter(id=op.id).update(authorization_expires_at=now - timedelta(minutes=1))

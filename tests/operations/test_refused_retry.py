@@ -14,7 +14,7 @@ from operations.models import AttemptKind, OperationStatus
 from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
-from tests.helpers import attempts_backdated, wait_for
+from tests.helpers import updated_past_triggers, wait_for
 from tests.operations.engine_helpers import PAYMENT, authorized_payment, replaced_and_run
 
 S = OperationStatus
@@ -123,8 +123,8 @@ def test_it_closes_a_refused_retry_as_failed_once_no_earlier_call_can_land(
     assert op.status == S.UNKNOWN and op.next_reconcile_at is not None
     # The provider's late-landing window after the first call has passed.
     earlier = timezone.now() - timedelta(minutes=5)
-    attempts_backdated(Attempt.objects.filter(operation=op, kind=AttemptKind.CALL, number=1),
-                       started_at=earlier, finished_at=earlier)
+    updated_past_triggers(Attempt.objects.filter(operation=op, kind=AttemptKind.CALL, number=1),
+                          started_at=earlier, finished_at=earlier)
     report = engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
 

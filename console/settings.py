@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,22 +25,31 @@ from console.env import (
 CONFIG = read_config(os.environ)
 
 
-def _number_env(name: str, default: str, kind: type[int] | type[float]) -> Any:
+def _number_env(
+    name: str, default: str, kind: type[int] | type[float], *, positive: bool
+) -> Any:
     # Same rule as env.py: a bad value stops the start with one line naming the variable.
+    # Every number here is a duration, a count or a limit: none may be negative (nor nan or
+    # inf), and one that paces or bounds something may not be 0 (a beat of 0 s sends its
+    # sweep hundreds of times a second).
     raw = os.environ.get(name, default)
+    what = "a whole number" if kind is int else "a number"
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
-        what = "a whole number" if kind is int else "a number"
         raise ConfigError(f"{name}={raw!r} is not {what}") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "above 0" if positive else "0 or more"
+        raise ConfigError(f"{name}={raw!r} must be {what} {bound}")
+    return value
 
 
-def _float_env(name: str, default: str) -> float:
-    return _number_env(name, default, float)
+def _float_env(name: str, default: str, *, positive: bool = True) -> float:
+    return _number_env(name, default, float, positive=positive)
 
 
-def _int_env(name: str, default: str) -> int:
-    return _number_env(name, default, int)
+def _int_env(name: str, default: str, *, positive: bool = True) -> int:
+    return _number_env(name, default, int, positive=positive)
 
 
 def _log_level_env(name: str, default: str) -> str:
@@ -168,7 +178,7 @@ CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 SECURE_SSL_REDIRECT = _flag_env("SECURE_SSL_REDIRECT", True) and not DEBUG
 # Load balancers and orchestrators probe health over plain http.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
-SECURE_HSTS_SECONDS = 0 if DEBUG else _int_env("SECURE_HSTS_SECONDS", "31536000")
+SECURE_HSTS_SECONDS = 0 if DEBUG else _int_env("SECURE_HSTS_SECONDS", "31536000", positive=False)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -222,7 +232,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # task_postrun handlers in console/celery.py apply Django's own per-request rule in between
 # (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, never reuse one left in a
 # transaction or after an error), the same rule the web processes follow.
-CELERY_DB_REUSE_MAX = _int_env("CELERY_DB_REUSE_MAX", "1000")
+CELERY_DB_REUSE_MAX = _int_env("CELERY_DB_REUSE_MAX", "1000", positive=False)
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get(
     "CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule")
 )
@@ -240,7 +250,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 # The engine's timing. A lease must outlast the provider timeout, or a slow answer would be
 # taken for a dead worker.
 OPERATION_LEASE_SECONDS = _int_env("OPERATION_LEASE_SECONDS", "30")
-RECONCILE_DELAY_SECONDS = _int_env("RECONCILE_DELAY_SECONDS", "5")
+RECONCILE_DELAY_SECONDS = _int_env("RECONCILE_DELAY_SECONDS", "5", positive=False)
 ACCEPTED_RECONCILE_SECONDS = _int_env("ACCEPTED_RECONCILE_SECONDS", "120")
 # An approved operation no worker has claimed after this long is queued again.
 EXECUTE_RECHECK_SECONDS = _int_env("EXECUTE_RECHECK_SECONDS", "60")
@@ -308,11 +318,12 @@ PAYMENTS_WEBHOOK_SECRET = _provider_credential(
 PAYMENTS_API_VERSION = os.environ.get("PAYMENTS_API_VERSION", "2024-06-20")
 # Stripe's search index trails writes by up to a minute: an empty search younger than this
 # after our last call proves nothing.
-PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60")
+PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60", positive=False)
 # "Occasionally, propagation of new or updated data can be up to an hour behind during
 # outages" (Stripe's search reference): no operation is closed as never done on an empty
 # search younger than this after the last moment a call could have landed.
-PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS", "3600")
+PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = _float_env(
+    "PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS", "3600", positive=False)
 CRM_API_BASE = os.environ.get("CRM_API_BASE", f"{_SANDBOX_BASE}/crm")
 CRM_API_KEY = _provider_credential("CRM_API_KEY", "crm_sandbox_key", base=CRM_API_BASE)
 CRM_WEBHOOK_SECRET = _provider_credential(
@@ -327,11 +338,11 @@ PROVIDER_TIMEOUT_SECONDS = _float_env("PROVIDER_TIMEOUT_SECONDS", "10")
 SANDBOX_ENABLED = _flag_env("SANDBOX_ENABLED", False) or DEBUG
 # Payments at or above this amount stay `processing` until settled, to demo async results.
 SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
-    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000")
+    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000", positive=False)
 )
 # The sandbox's bank and mail server settle payments and deliver mail this long after they
 # were accepted; its webhooks go to this console.
-SANDBOX_SETTLE_SECONDS = _float_env("SANDBOX_SETTLE_SECONDS", "20")
+SANDBOX_SETTLE_SECONDS = _float_env("SANDBOX_SETTLE_SECONDS", "20", positive=False)
 SANDBOX_WEBHOOK_TARGET = os.environ.get(
     "SANDBOX_WEBHOOK_TARGET", f"http://127.0.0.1:{local_web_port(os.environ)}"
 )

@@ -46,6 +46,14 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         ({"DEBUG": "1", "SANDBOX_ENABLED": "maybe"}, "SANDBOX_ENABLED"),
         ({"DEBUG": "1", "SECURE_PROXY_SSL_HEADER": "https"}, "SECURE_PROXY_SSL_HEADER"),
         ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "10s"}, "PROVIDER_TIMEOUT_SECONDS"),
+        # Numbers that pace or bound something: a beat of 0 s sends its sweep hundreds of
+        # times a second; a negative or endless timeout is no timeout.
+        ({"DEBUG": "1", "OPERATION_SWEEP_SECONDS": "0"}, "OPERATION_SWEEP_SECONDS"),
+        ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "-1"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "nan"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "inf"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"DEBUG": "1", "OPERATION_MAX_AUTOMATIC_CALLS": "0"}, "OPERATION_MAX_AUTOMATIC_CALLS"),
+        ({"DEBUG": "1", "PAYMENTS_SEARCH_LAG_SECONDS": "-10"}, "PAYMENTS_SEARCH_LAG_SECONDS"),
         # A real provider whose path says "sandbox" is still a real provider.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "PAYMENTS_API_BASE": "https://pay.example.com/sandbox/v1"}, "PAYMENTS_API_KEY"),

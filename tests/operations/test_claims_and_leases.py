@@ -160,26 +160,32 @@ def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
     assert len(payment_posts(op)) == 1
 
 
+def stalled_after_the_claim(monkeypatch, *, seconds: float) -> None:
+    """Execute, run in a thread other than the test's, stalls `seconds` between its claim
+    and its call."""
+    from operations.engine import execute as execute_module
+
+    real_snapshot = execute_module.snapshot
+    main = threading.get_ident()
+
+    def stalled(op_, **kwargs):
+        if threading.get_ident() != main:
+            time.sleep(seconds)
+        return real_snapshot(op_, **kwargs)
+
+    monkeypatch.setattr(execute_module, "snapshot", stalled)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_never_sends_a_call_after_its_lease_ran_out(
     acme, approver, providers, settings, monkeypatch
 ):
-    from operations.engine import execute as execute_module
-
     settings.OPERATION_LEASE_SECONDS = 2
     settings.PROVIDER_TIMEOUT_SECONDS = 1
     op = authorized_payment(acme, approver)
     Operation.objects.filter(id=op.id).update(
         authorization_expires_at=timezone.now() + timedelta(seconds=2.2))
-    real_snapshot = execute_module.snapshot
-    main = threading.get_ident()
-
-    def stalled_after_the_claim(op_, **kwargs):
-        if threading.get_ident() != main:
-            time.sleep(3.5)  # a long GC pause, a frozen container
-        return real_snapshot(op_, **kwargs)
-
-    monkeypatch.setattr(execute_module, "snapshot", stalled_after_the_claim)
+    stalled_after_the_claim(monkeypatch, seconds=3.5)  # a long GC pause, a frozen container
     call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
     time.sleep(2.5)
     # The lease ran out: the sweep's reconcile finds nothing, which proves nothing yet.
@@ -200,22 +206,12 @@ def test_it_never_sends_a_call_after_its_lease_ran_out(
 def test_it_never_sends_a_call_after_its_authorization_ran_out(
     acme, approver, providers, settings, monkeypatch
 ):
-    from operations.engine import execute as execute_module
-
     settings.OPERATION_LEASE_SECONDS = 30  # the lease would still allow the call
     settings.PROVIDER_TIMEOUT_SECONDS = 1
     op = authorized_payment(acme, approver)
     Operation.objects.filter(id=op.id).update(
         authorization_expires_at=timezone.now() + timedelta(seconds=1.5))
-    real_snapshot = execute_module.snapshot
-    main = threading.get_ident()
-
-    def stalled_after_the_claim(op_, **kwargs):
-        if threading.get_ident() != main:
-            time.sleep(2.5)  # valid at the claim, run out by the send
-        return real_snapshot(op_, **kwargs)
-
-    monkeypatch.setattr(execute_module, "snapshot", stalled_after_the_claim)
+    stalled_after_the_claim(monkeypatch, seconds=2.5)  # valid at the claim, gone by the send
     report = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A")).join()
 
     assert report.status == S.UNKNOWN

@@ -64,7 +64,9 @@ class SandboxFault(models.Model):
         ordering = ["id"]
 
     def __str__(self) -> str:
-        return f"{self.provider}:{self.kind}[{self.match}] x{self.remaining}"
+        # search_lag is a standing condition, not a count of requests.
+        left = "until cleared" if self.kind == FaultKind.SEARCH_LAG else f"x{self.remaining}"
+        return f"{self.provider}:{self.kind}[{self.match}] {left}"
 
 
 class SandboxRequest(models.Model):

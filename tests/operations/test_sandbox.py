@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import threading
 from collections.abc import Iterator
@@ -200,6 +201,11 @@ def test_it_switches_faults_from_the_command_line(db):
     assert list(SandboxFault.objects.values_list("kind", flat=True)) == ["commit_then_drop"]
     call_command("sandbox_fault", "payments", "clear")
     assert SandboxFault.objects.count() == 0
+    # A standing condition says so, not "x1": it ignores --times.
+    out = io.StringIO()
+    call_command("sandbox_fault", "payments", "search_lag", "--seconds", "90", stdout=out)
+    assert out.getvalue().rstrip().endswith("payments:search_lag[*] until cleared")
+    call_command("sandbox_fault", "payments", "clear")
     with pytest.raises(ValueError):
         sandbox_fault_set(provider="payments", kind="meteor_strike")
     assert sandbox_fault_clear() == 0

@@ -5,6 +5,7 @@ are audited in their own transaction, so the attempt is on record though nothing
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
@@ -19,6 +20,8 @@ from operations.policy import policy_for
 from operations.selectors import tenants_for_user
 from operations.services import audit_event_record
 from operations.tasks import execute_on_commit
+
+logger = logging.getLogger(__name__)
 
 P = ApprovalStatus
 # The least time an approval gives the engine to start the operation.
@@ -316,4 +319,13 @@ def approvals_expire_overdue(*, limit: int = 500) -> int:
         .order_by("expires_at", "id")
         .values_list("id", flat=True)[:limit]
     )
-    return sum(approval_expire(approval_id=approval_id) for approval_id in ids)
+    expired = 0
+    for approval_id in ids:
+        try:
+            expired += approval_expire(approval_id=approval_id)
+        except Exception:
+            # Soonest first, one that cannot be expired would head every sweep's list and
+            # hold back all the others, each still approvable, for good: logged, and the
+            # sweep goes on (its transaction rolled back alone).
+            logger.exception("approval %s could not be expired", approval_id)
+    return expired

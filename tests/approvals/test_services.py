@@ -291,6 +291,28 @@ def test_it_supersedes_the_old_approval_when_the_new_intent_needs_none(acme, adm
     assert Operation.objects.get(id=old_op.id).status == OperationStatus.CANCELLED
 
 
+def test_it_expires_the_others_when_one_overdue_approval_cannot_be(
+    acme, prepare_payment, monkeypatch, caplog
+):
+    first, second = prepare_payment(acme), prepare_payment(acme, invoice_id="inv_2")
+    Approval.objects.filter(id=first.id).update(expires_at=timezone.now() - timedelta(minutes=2))
+    Approval.objects.filter(id=second.id).update(expires_at=timezone.now() - timedelta(minutes=1))
+    real_cancel = operation_cancel
+
+    def cancel_breaking_on_the_first(*, operation_id, **kwargs):
+        if operation_id == first.operation_id:
+            raise RuntimeError("a fault no sweep can mend")
+        return real_cancel(operation_id=operation_id, **kwargs)
+
+    monkeypatch.setattr("approvals.services.operation_cancel", cancel_breaking_on_the_first)
+    # Soonest first, the broken one heads every sweep: it must not hold the others back.
+    assert approvals_expire_overdue() == 1
+    assert Approval.objects.get(id=first.id).status == ApprovalStatus.PENDING  # rolled back
+    assert Approval.objects.get(id=second.id).status == ApprovalStatus.EXPIRED
+    assert f"approval {first.id} could not be expired" in caplog.text
+    assert len(_audits("approval.expire", second)) == 1 and not _audits("approval.expire", first)
+
+
 def test_it_expires_overdue_approvals_only(acme, prepare_payment):
     overdue = prepare_payment(acme)
     fresh = prepare_payment(acme, invoice_id="inv_2")

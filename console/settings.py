@@ -267,7 +267,15 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": _log_level_env("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    "filters": {"client_errors": {"()": "console.logs.ClientErrorsWithoutTraceback"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        # Django's own handler for its loggers prints with DEBUG on, and the record then
+        # reaches the root's handler too: every line twice under `make run`.
+        "django": {"handlers": [], "propagate": True},
+        "django.request": {"filters": ["client_errors"]},
+    },
 }
 
 # Demo data (tenants acme/globex and their users) is only ever created with DEBUG on.

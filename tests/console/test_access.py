@@ -284,3 +284,15 @@ def test_it_gives_a_superuser_only_what_their_tenant_grants_give(
     mine["unknown"].refresh_from_db()
     assert mine["unknown"].status == OperationStatus.UNKNOWN
     assert not AuditEvent.objects.filter(action__endswith="view_unmasked").exists()
+
+
+@pytest.mark.django_db
+def test_it_logs_a_refused_request_in_one_line_without_a_traceback(approver, caplog):
+    """A 403 is the console working, not a crash: its line stays, the traceback goes."""
+    from tests.helpers import signed_in
+
+    with caplog.at_level("WARNING", logger="django.request"):
+        assert signed_in(approver).get("/audit/").status_code == 403
+    refused = [r for r in caplog.records if r.name == "django.request"]
+    assert [r.getMessage() for r in refused] == ["Forbidden (Permission denied): /audit/"]
+    assert refused[0].exc_info is None and "Traceback" not in caplog.text

@@ -84,30 +84,28 @@ def migrated_back_to(targets: list[tuple[str, str]]) -> Iterator[Callable]:
         forward(executor.loader.graph.leaf_nodes())
 
 
-def updated_past_triggers(rows, **fields: Any) -> int:
-    """Rewrite rows PostgreSQL keeps from rewrites (a call's times, a decided approval), as a
-    test sets up a past it cannot wait for or a tampering it must survive: past the
-    triggers, in this statement alone."""
+@contextmanager
+def triggers_off(model) -> Iterator[None]:
+    """PostgreSQL's own triggers on `model`'s table (immutability, lineage) off for what the
+    block writes, as a test sets up what the code cannot produce: a past it cannot wait for
+    (a call made minutes ago), a row from before a trigger existed, a tampering the code must
+    survive. Foreign keys stay checked. ALTER TABLE needs only the table's owner, which the
+    test database's user is (no superuser, unlike session_replication_role)."""
+    table = connection.ops.quote_name(model._meta.db_table)
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL session_replication_role = replica")
-        changed = rows.update(**fields)
-        cursor.execute("SET LOCAL session_replication_role = DEFAULT")
-    return changed
-
-
-def inserted_past_the_lineage_trigger(op) -> None:
-    """Insert `op` as a row written before operations 0016 (or by hand with its trigger
-    off) could be: its lineage crossing tenants. Its intent, lineage included, is immutable
-    once written, so such a row stays."""
-    with connection.cursor() as cursor:
         # Django's foreign keys are checked at commit: run those checks now, as ALTER TABLE
         # refuses a table with pending trigger events.
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute("ALTER TABLE operations_operation "
-                       "DISABLE TRIGGER operation_lineage_in_tenant")
-        op.save(force_insert=True)
-        cursor.execute("ALTER TABLE operations_operation "
-                       "ENABLE TRIGGER operation_lineage_in_tenant")
+        cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+        yield
+        cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
+
+
+def updated_past_triggers(rows, **fields: Any) -> int:
+    """`rows.update(**fields)` on rows PostgreSQL keeps from rewrites (a call's times, a
+    decided approval), past its triggers (see triggers_off)."""
+    with triggers_off(rows.model):
+        return rows.update(**fields)
 
 
 def browser_sign_in(page, live_server, username: str) -> None:

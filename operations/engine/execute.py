@@ -210,9 +210,8 @@ def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
     op_snapshot = snapshot(op, last_call=attempt)
     # The claim checked the approval at its own moment only: a worker that stalls after it
     # (a GC pause, a frozen container) must not send on an approval that ran out meanwhile,
-    # even with time left on its lease.
-    authorization_ends = op.authorization_expires_at
-    send_by = min(lease_expires_at, authorization_ends) if authorization_ends else lease_expires_at
+    # even with time left on its lease. (Read with the op above, checked there: it is set.)
+    send_by = min(lease_expires_at, op.authorization_expires_at)
     deadline = send_deadline.set(send_by)
     try:
         result = adapter.call(op_snapshot)

@@ -109,12 +109,12 @@ class PaymentsCreateAdapter:
     def account(self) -> str:
         return account_fingerprint(settings.PAYMENTS_API_BASE, settings.PAYMENTS_API_KEY)
 
-    def _headers(self, **more: str) -> dict[str, str]:
+    def _headers(self) -> dict[str, str]:
         """Every request names the API version this adapter reads: without one the account's
         default applies, under which search may not exist (before 2020-08-27) and statuses
         have other names (before 2019-02-11)."""
         version = settings.PAYMENTS_API_VERSION
-        return {**({"Stripe-Version": version} if version else {}), **more}
+        return {"Stripe-Version": version} if version else {}
 
     def params(self, op: OperationSnapshot) -> dict[str, str]:
         payload = op.payload
@@ -135,7 +135,7 @@ class PaymentsCreateAdapter:
         params = self.params(op)
         answer = send(
             "POST", f"{self._base()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
-            headers=self._headers(**{"Idempotency-Key": op.idempotency_key}), data=params,
+            headers={**self._headers(), "Idempotency-Key": op.idempotency_key}, data=params,
         )
         result = call_result(
             answer, sent=params, outcome=lambda body: payment_status(str(body.get("status", ""))),

@@ -43,6 +43,14 @@ def approval_policy_moved_to(approval: Approval) -> str:
         current} else ""
 
 
+def approval_is_own_intent(approval: Approval, user) -> bool:
+    """Four eyes: whoever created the intent or launched its run may not approve it."""
+    op = approval.operation
+    return user.pk is not None and user.pk in {
+        op.created_by_id, getattr(op.run, "launched_by_id", None)
+    }
+
+
 def approvals_of_operation(operation_id: str) -> list[Approval]:
     """Every request for one intent, newest first. For a caller that has already checked
     the user may see the operation (approval_for_user, operation_for_user)."""

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
-from approvals.selectors import approval_policy_moved_to
+from approvals.selectors import approval_is_own_intent, approval_policy_moved_to
 from operations.engine import AuthorizationRefused, operation_authorize, operation_cancel
 from operations.intents import secret_in_text
 from operations.models import Operation, Tenant
@@ -192,9 +192,7 @@ def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
                     f"{in_force} is now in force; the agent must prepare it again.",
                     code="policy_changed",
                 )
-            if actor.pk is not None and actor.pk in {op.created_by_id, getattr(
-                op.run, "launched_by_id", None
-            )}:
+            if approval_is_own_intent(approval, actor):
                 raise ApprovalRefused(
                     "Four eyes: you created this intent or launched its run, so someone else "
                     "must approve it.",

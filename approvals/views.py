@@ -16,6 +16,7 @@ from approvals.models import Approval
 from approvals.selectors import (
     approval_counts,
     approval_for_user,
+    approval_is_own_intent,
     approval_policy_moved_to,
     approvals_for_user,
     approvals_of_operation,
@@ -31,7 +32,7 @@ from operations.selectors import operation_lineage, tenant_perm_held, tenants_fo
 QUEUE_PAGE_SIZE = 20
 
 
-def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, Any]:
+def _card(approval: Approval, *, user, unmasked: bool, can_decide: bool) -> dict[str, Any]:
     op = approval.operation
     now = timezone.now()
     summary = intent_summary(action=op.action, payload=op.payload, unmasked=unmasked)
@@ -61,6 +62,8 @@ def _card(approval: Approval, *, unmasked: bool, can_decide: bool) -> dict[str, 
         # Approving would be refused: the card says so and leaves the approver Reject,
         # which tells the agent why.
         "policy_in_force": approval_policy_moved_to(approval) if approval.is_pending else "",
+        # Four eyes: approving would be refused; the card says who must, and keeps Reject.
+        "own_intent": approval_is_own_intent(approval, user),
         "error": "",
         "notice": "",
     }
@@ -70,7 +73,7 @@ def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
     """Masked cards, as every list and htmx answer shows them."""
     deciding_ids = set(tenants_for_user(user, "approve_intents").values_list("id", flat=True))
     return [
-        _card(approval, unmasked=False,
+        _card(approval, user=user, unmasked=False,
               can_decide=approval.operation.tenant_id in deciding_ids)
         for approval in approvals
     ]
@@ -112,7 +115,7 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
         request, tenant, action="approval.view_unmasked", object_type="approval",
         object_id=approval.id, reason=request.path, after={"approvals": [approval.id]},
     )
-    card = _card(approval, unmasked=unmasked,
+    card = _card(approval, user=request.user, unmasked=unmasked,
                  can_decide=tenant_perm_held(request.user, "approve_intents", tenant))
     card["may_unmask"] = may_unmask
     replaced = card["lineage"].supersedes
@@ -140,7 +143,7 @@ def _decided(
     if request.htmx:
         fresh = approval_for_user(request.user, approval.id, "view_tenant")
         # The decision views already required approve_intents on this tenant.
-        card = _card(fresh, unmasked=False, can_decide=True)
+        card = _card(fresh, user=request.user, unmasked=False, can_decide=True)
         card.update(error=error, notice=notice)
         response = render(
             request, "approvals/queue.html#card",

@@ -673,3 +673,28 @@ def test_it_offers_no_approve_on_an_intent_of_an_outdated_policy_but_lets_it_be_
     assert no_execute == []
     assert "is now in force" not in client.get(
         reverse("approvals:detail", args=[outdated.id])).content.decode()
+
+
+def test_it_offers_approve_to_anyone_but_the_person_who_made_the_intent(
+    acme, approver, admin_user, prepare_payment, no_execute
+):
+    """Four eyes: the server refuses whoever created the intent (or launched its run); the
+    card says so in place of an Approve button that could only be refused, and keeps Reject.
+    Another approver on the tenant gets the button."""
+    approval = prepare_payment(acme, actor=approver)
+    approve_url = reverse("approvals:approve", args=[approval.id])
+    reject_url = reverse("approvals:reject", args=[approval.id])
+    pages = (reverse("approvals:queue"), reverse("approvals:detail", args=[approval.id]))
+    for page in pages:
+        html = signed_in(approver).get(page).content.decode()
+        assert f'action="{approve_url}"' not in html
+        assert f'action="{reject_url}"' in html
+        assert "someone else must approve it" in html
+        html = signed_in(admin_user).get(page).content.decode()
+        assert f'action="{approve_url}"' in html
+        assert "someone else must approve it" not in html
+    # The rule itself is the server's: a press from an old page is still refused.
+    signed_in(approver).post(approve_url, {"comment": "ok"})
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING
+    assert AuditEvent.objects.filter(action="approval.approve_refused").count() == 1

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 from django.contrib.auth import middleware as auth_middleware
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpResponse
-from django.shortcuts import resolve_url
+from django.shortcuts import render, resolve_url
 from django.utils.http import url_has_allowed_host_and_scheme
 
 
@@ -34,6 +34,15 @@ class LoginRequiredMiddleware(auth_middleware.LoginRequiredMiddleware):
             self.get_redirect_field_name(view_func),
         )
         location = login["Location"]
+        if is_htmx and request.method == "GET" and request.headers.get("X-Console-Poll") == "true":
+            # A page refreshing itself, not something the person did: sending the page to
+            # sign in would throw away what they were typing (evidence, a reason). Say it at
+            # the top of the page instead, replacing nothing else; 286 stops the polling.
+            notice = render(request, "includes/signed_out.html", {"login_url": location},
+                            status=286)
+            notice["HX-Retarget"] = "#session-notice"
+            notice["HX-Reswap"] = "innerHTML"
+            return notice
         if request.method not in ("GET", "HEAD"):
             # An approval or an operator's action was refused, not carried out: the sign-in
             # page says so, or the person would take it as done.

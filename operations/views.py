@@ -109,18 +109,21 @@ def _panel_context(
     op: Operation,
     *,
     forms: dict[str, Any] | None = None,
+    drafts: dict[str, dict[str, Any]] | None = None,
     notice: str = "",
     notice_level: str = "",
     done: str = "",
 ) -> dict[str, Any]:
     """`done`: the prefix of the action that just went through; its fields come back empty
-    (the others' drafts stay, hx-preserve'd)."""
+    (the others' drafts stay, hx-preserve'd). `drafts`: what was typed into a refused action,
+    shown again in fresh forms (the status and held reports they answer are read anew)."""
     can_operate = tenant_perm_held(request.user, "operate_operations", op.tenant)
     # The buttons follow the engine: reconcile where a reconcile would ask the provider (an
     # open outcome, or a stuck lease); resolve where the table allows it; dispute there too,
     # and on a finished effect someone contests (a payment the beneficiary says never came).
     can_reconcile = can_operate and reconcile_applies(op)
     forms = forms or {}
+    drafts = drafts or {}
     held = list(webhooks_held_for_review(operation=op).order_by("received_at"))
     held_answers = list(answers_held_for_review(operation=op).order_by("number"))
     shown = {
@@ -128,10 +131,14 @@ def _panel_context(
         "held_answers_shown": " ".join(str(attempt.id) for attempt in held_answers),
     }
     action_forms = {
-        "reconcile": forms.get("reconcile") or ReasonForm(prefix="reconcile"),
+        "reconcile": forms.get("reconcile")
+        or ReasonForm(prefix="reconcile", initial=drafts.get("reconcile")),
         "resolve": forms.get("resolve")
-        or ResolveForm(prefix="resolve", initial={"seen": op.status_changed_at, **shown}),
-        "dispute": forms.get("dispute") or DecisionForm(prefix="dispute", initial=shown),
+        or ResolveForm(prefix="resolve", initial={
+            **drafts.get("resolve", {}), "seen": op.status_changed_at, **shown,
+        }),
+        "dispute": forms.get("dispute")
+        or DecisionForm(prefix="dispute", initial={**drafts.get("dispute", {}), **shown}),
     }
     if done in action_forms:
         # Kept in place, a reason already written to the audit trail would go with the next
@@ -200,9 +207,12 @@ def _respond(
     level: str = "",
     form_key: str = "",
     form: Any = None,
+    draft: dict[str, Any] | None = None,
+    refused_status: int = 409,
 ) -> HttpResponse:
     """htmx: re-render the status/actions/timeline panel in place; otherwise PRG. `level`:
-    "info" for an action that went through but settled nothing."""
+    "info" for an action that went through but settled nothing. `draft`: what was typed into
+    an action the engine refused, kept on the page to correct or send again."""
     op.refresh_from_db()
     level = level or ("success" if ok else "error")
     if request.htmx:
@@ -223,6 +233,14 @@ def _respond(
             notice_level="error",
         )
         return render(request, DETAIL, context, status=400)
+    if draft is not None and not ok:
+        # Refused by the engine (the status moved on, a call may still land): without
+        # JavaScript too, what was typed stays for the person to send again later.
+        context = _page_context(
+            request, op, unmasked=False, drafts={form_key: draft}, notice=message,
+            notice_level="error",
+        )
+        return render(request, DETAIL, context, status=refused_status)
     {"success": messages.success, "info": messages.info}.get(level, messages.error)(
         request, message
     )
@@ -256,7 +274,11 @@ def _operator_action(
             form.add_error(field, str(exc))
             return _respond(request, op, ok=False, message=f"{verb} refused: {exc}",
                             form_key=prefix, form=form)
-        return _respond(request, op, ok=False, message=f"{verb} refused: {exc}")
+        typed = {name: value for name, value in form.cleaned_data.items()
+                 if not form.fields[name].widget.is_hidden}
+        return _respond(request, op, ok=False, message=f"{verb} refused: {exc}",
+                        form_key=prefix, draft=typed,
+                        refused_status=403 if isinstance(exc, PermissionDenied) else 409)
     message, level = done if isinstance(done, tuple) else (done, "success")
     return _respond(request, op, ok=True, message=message, level=level, form_key=prefix)
 

@@ -13,6 +13,15 @@ document.addEventListener("htmx:confirm", (event) => {
   }
 });
 
+// A page's own refresh (data-poll) says so: once the session has ended, the server answers it
+// in place instead of sending the whole page to sign in, which would drop what was typed.
+// Only the polling element's own requests: the links and forms inside it are the person's.
+document.addEventListener("htmx:configRequest", (event) => {
+  if (event.detail.elt.hasAttribute("data-poll")) {
+    event.detail.headers["X-Console-Poll"] = "true";
+  }
+});
+
 // Back or Forward to a filtered list that htmx restores from its own history cache: the
 // cached page keeps the rows of that URL but not its form controls' values (the browser
 // saves attributes, and the form sits outside the swapped rows). Set them from the URL.

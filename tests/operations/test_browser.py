@@ -125,3 +125,49 @@ def test_it_empties_the_reason_of_a_reconcile_that_went_through_and_keeps_other_
     assert audit.reason == "the customer asks again"
     assert not sandbox_writes(provider="payments").exists()
     assert page.problems == []
+
+
+def test_it_records_no_outcome_when_enter_is_pressed_in_the_provider_reference(
+    live_server, transactional_db, acme_unknown, operator, page
+):
+    op = acme_unknown
+    browser_sign_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/operations/{op.id}/")
+    # An operator writing up a failed payment, about to look up the reference.
+    page.fill("#id_resolve-evidence", "the bank shows no debit: nothing was paid")
+    page.fill("#id_resolve-reason", "treasury checked the statement")
+    page.focus("#id_resolve-provider_reference")
+    page.keyboard.press("Enter")
+    # Then the button they meant: the form still works, and only that is recorded.
+    with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/resolve")):
+        page.get_by_role("button", name="Resolve as failed").click()
+    expect(page.locator("#operation-panel .status").first).to_have_text("Failed")
+    op.refresh_from_db()
+    assert (op.status, op.resolved_manually) == ("failed", True)
+    assert list(AuditEvent.objects.filter(
+        action__startswith="operation.resolve", object_id=op.id
+    ).values_list("action", flat=True)) == ["operation.resolve_failed"]
+    assert page.problems == []
+
+
+def test_it_keeps_the_page_and_its_draft_when_the_operator_signs_out_in_another_tab(
+    live_server, transactional_db, acme_unknown, operator, page
+):
+    op = acme_unknown
+    browser_sign_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/operations/{op.id}/")
+    page.fill("#id_resolve-evidence", "pi_3 seen in the dashboard; amount and date match")
+    page.focus("#id_resolve-evidence")
+    other = page.context.new_page()
+    other.goto(f"{live_server.url}/")
+    other.get_by_role("button", name="Sign out").click()
+    other.wait_for_url("**/login/**")
+    # The next status poll (every 10 s) says so at the top, and navigates nowhere.
+    expect(page.locator("#session-notice [role=alert]")).to_contain_text(
+        "You were signed out", timeout=15_000
+    )
+    assert page.url == f"{live_server.url}/operations/{op.id}/"
+    assert page.input_value("#id_resolve-evidence").startswith("pi_3 seen")
+    expect(page.locator("#session-notice a")).to_have_attribute(
+        "href", f"/login/?next=/operations/{op.id}/"
+    )

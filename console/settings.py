@@ -225,7 +225,17 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": _int_env("CELERY_VISIBILITY_TIMEOUT", "300"),
     "unacked_restore_interval": _int_env("CELERY_UNACKED_RESTORE_SECONDS", "10"),
     "unacked_restore_throttle": 1,
+    # A Redis that keeps the connection open and never answers (a failover's pause, a peer
+    # gone behind a NAT) blocked a publish for good: the approver's request after its
+    # commit, beat's sweep, /healthz. Now a publish gives up, is logged, and the sweep
+    # queues the work again. Well above BRPOP's 1 s poll, which must not time out.
+    "socket_timeout": 5,
+    "socket_connect_timeout": 5,
+    "socket_keepalive": True,
 }
+# The same for the result store (worker_ping waits on it; the operations' tasks store none).
+CELERY_REDIS_SOCKET_TIMEOUT = 5
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 5
 # Celery's Django fixup closes every database connection before and after each task unless
 # this is set, so each execute paid a new PostgreSQL connection (backend start, auth, session
 # setup). With it, Celery only force-closes every this-many tasks, and the task_prerun /

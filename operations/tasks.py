@@ -60,5 +60,12 @@ def execute_on_commit(operation_id: str) -> None:
 
 def reconcile_on_commit(operation_id: str) -> None:
     """Enqueue a reconcile once the transaction that claimed it has committed; robust for
-    the same reason as execute_on_commit (the claim runs out and the sweep queues it again)."""
-    transaction.on_commit(lambda: reconcile_operation.delay(operation_id), robust=True)
+    the same reason as execute_on_commit (the claim runs out and the sweep queues it again).
+
+    The message lives as long as the claim: once that runs out the sweep queues another, so
+    with the workers behind (an outage) an hour left one live lookup per operation, not one
+    per claim, each a provider lookup when the backlog drained."""
+    expires = engine.reconcile_claim_seconds()
+    transaction.on_commit(
+        lambda: reconcile_operation.apply_async((operation_id,), expires=expires), robust=True
+    )

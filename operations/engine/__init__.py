@@ -20,7 +20,11 @@ from operations.engine.core import (
 from operations.engine.execute import ExecuteReport, operation_execute
 from operations.engine.people import operation_cancel, operation_dispute, operation_resolve
 from operations.engine.prepare import operation_authorize, operation_prepare
-from operations.engine.reconcile import ReconcileReport, operation_reconcile
+from operations.engine.reconcile import (
+    ReconcileReport,
+    operation_reconcile,
+    reconcile_claim_seconds,
+)
 from operations.engine.sweep import (
     operations_claim_due_for_reconcile,
     operations_claim_waiting_for_execute,
@@ -48,5 +52,6 @@ __all__ = [
     "operations_claim_waiting_for_execute",
     "operations_due_for_reconcile",
     "reconcile_applies",
+    "reconcile_claim_seconds",
     "webhook_apply",
 ]

@@ -395,7 +395,8 @@ def test_it_keeps_an_approval_and_runs_it_later_when_the_broker_is_down(
     # The broker is back; a minute on, no worker has claimed it: the sweep queues it again.
     queued: list[str] = []
     monkeypatch.setattr(tasks.execute_operation, "delay", queued.append)
-    monkeypatch.setattr(tasks.reconcile_operation, "delay", queued.append)
+    monkeypatch.setattr(tasks.reconcile_operation, "apply_async",
+                        lambda args, **options: queued.append(*args))
     Operation.objects.filter(id=op.id).update(next_reconcile_at=timezone.now())
     assert tasks.sweep_operations() == 1
     assert queued == [op.id]

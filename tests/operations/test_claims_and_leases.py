@@ -17,16 +17,22 @@ import time
 from datetime import timedelta
 
 import pytest
+from celery.app.task import Task
 from django.utils import timezone
 
-from operations import engine
+from operations import engine, tasks
 from operations.models import AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_counts
 from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
 from tests.helpers import Background, wait_for
-from tests.operations.engine_helpers import authorized_payment, died_mid_call
+from tests.operations.engine_helpers import (
+    authorized_payment,
+    died_mid_call,
+    make_unknown,
+    prepared_payment,
+)
 from tests.operations.failure_helpers import payment_posts
 
 S = OperationStatus
@@ -363,7 +369,6 @@ def test_it_never_records_a_stalled_workers_answer_over_the_next_workers_claim(
 def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_lease(
     acme, approver, providers, monkeypatch
 ):
-    from operations import tasks
     from operations.engine.core import adapter, snapshot
 
     op = authorized_payment(acme, approver)
@@ -375,8 +380,8 @@ def test_it_finds_the_payment_by_the_sweep_alone_when_a_worker_died_holding_the_
     outcomes: list[str] = []
     monkeypatch.setattr(tasks.execute_operation, "delay", outcomes.append)
     monkeypatch.setattr(
-        tasks.reconcile_operation, "delay",
-        lambda operation_id: outcomes.append(tasks.reconcile_operation(operation_id)),
+        tasks.reconcile_operation, "apply_async",
+        lambda args, **options: outcomes.append(tasks.reconcile_operation(*args)),
     )
     assert tasks.sweep_operations() == 1
     assert outcomes == ["found"]
@@ -452,3 +457,41 @@ def test_it_never_expires_a_lease_that_a_new_claim_replaced_after_the_read(
     assert not op.evidence.filter(to_status=S.UNKNOWN).exists()
     assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
     assert sandbox_counts()["requests"] == 0
+
+
+@pytest.mark.django_db
+def test_it_queues_a_handful_of_lookups_per_operation_while_workers_are_behind(
+    acme, monkeypatch, django_capture_on_commit_callbacks
+):
+    # A provider outage (or a worker outage) for an hour: no reconcile message is consumed.
+    # The reconcile claim runs out every 3 x PROVIDER_TIMEOUT_SECONDS (30 s) and the beat
+    # queues another message each time; each must die with its claim, or every one is a
+    # provider lookup when the backlog drains, and new approvals' executes wait behind them.
+    op = make_unknown(prepared_payment(acme))
+    Operation.objects.filter(id=op.id).update(
+        next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    sent: list[tuple] = []
+
+    def publish(self, args=None, kwargs=None, **options):
+        sent.append((self.name, tuple(args or ()), clock[0], options.get("expires")))
+
+    monkeypatch.setattr(Task, "apply_async", publish)
+    clock = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])
+
+    for _ in range(720):  # the beat every 5 s for an hour
+        with django_capture_on_commit_callbacks(execute=True):
+            tasks.sweep_operations()
+        clock[0] += timedelta(seconds=5)
+
+    def live(sent_at, expires) -> bool:
+        if expires is None:
+            return True
+        ends = expires if hasattr(expires, "tzinfo") else sent_at + timedelta(seconds=expires)
+        return ends > clock[0]
+
+    lookups = [s for s in sent if s[0] == "operations.reconcile_operation" and s[1] == (op.id,)]
+    waiting = [s for s in lookups if live(s[2], s[3])]
+    assert len(waiting) <= 10, (
+        f"{len(waiting)} reconcile messages (each a provider lookup) queued for one "
+        "operation during an hour nobody consumed them")

@@ -4,6 +4,7 @@ import csv
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from django.contrib.auth.decorators import login_not_required
@@ -195,10 +196,13 @@ def audit_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         )
     audit_trail_export_record(actor=request.user, filters=form.filters())
     events = audit_events_for_user(request.user, filters=form.filters(), perm="export_audit")
-    writer = csv.writer(_Echo())
+    # Every cell quoted: a spreadsheet in a locale that splits on ";" (Russian, German,
+    # French) would start a cell, and a formula, after a ";" inside an unquoted reason.
+    writer = csv.writer(_Echo(), quoting=csv.QUOTE_ALL)
     response = StreamingHttpResponse(
-        (writer.writerow(row) for row in _csv_rows(events)),
-        # Named, or a spreadsheet guesses (and garbles names and reasons beyond ASCII).
+        # The byte order mark says UTF-8 inside the saved file, where the header's charset
+        # is gone: without it Excel reads the system code page and garbles Cyrillic reasons.
+        chain(["\ufeff"], (writer.writerow(row) for row in _csv_rows(events))),
         content_type="text/csv; charset=utf-8",
     )
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")

@@ -12,6 +12,12 @@ from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.services import audit_event_record
 
 
+def _exported(response) -> list[list[str]]:
+    """The CSV's rows as a spreadsheet reads them: UTF-8 after its byte order mark."""
+    text = b"".join(response.streaming_content).decode("utf-8-sig")
+    return list(csv.reader(io.StringIO(text)))
+
+
 @pytest.mark.django_db
 def test_it_refuses_update_and_delete_of_audit_events(acme):
     event = audit_event_record(actor=None, action="test.event", tenant=acme, reason="why")
@@ -212,7 +218,7 @@ def test_it_downloads_the_filtered_csv_for_auditors_only(trail, auditor, approve
     response = client.get("/audit.csv", {"action": "intent.reject"})
     assert response.status_code == 200
     assert response["Content-Type"] == "text/csv; charset=utf-8"
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = _exported(response)
     assert rows[0][:5] == ["id", "time", "actor", "tenant", "action"]
     assert {r[6] for r in rows[1:]} == {"apr_0", "apr_2", "apr_4", "apr_6"}
     client.force_login(approver)
@@ -262,7 +268,7 @@ def test_it_reads_a_time_with_any_offset_and_refuses_one_outside_the_calendar(tr
             export = client.get("/audit.csv", query)
             for response in (page, rows, export):
                 assert response.status_code == 200, (field, moment)
-            body = b"".join(export.streaming_content).decode()
+            body = b"".join(export.streaming_content).decode("utf-8-sig")
             for html in (page.content.decode(), rows.content.decode(), body):
                 assert ("apr_6" in html) == expect_rows, (field, moment)
     exports = AuditEvent.objects.filter(action="audit.export").count()
@@ -288,7 +294,7 @@ def test_it_exports_text_that_spreadsheets_will_not_run_and_json_they_can_read(a
 
     response = client.get("/audit.csv", {"object": "apr_x"})
 
-    (header, row) = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    (header, row) = _exported(response)
     cells = dict(zip(header, row, strict=True))
     assert cells["reason"] == '\'=HYPERLINK("http://evil.test","open")'
     assert cells["actor"] == auditor.username
@@ -324,7 +330,7 @@ def test_it_shows_and_exports_only_the_tenants_where_the_user_holds_the_audit_ro
     html = client.get("/audit/").content.decode()
     assert "apr_6" in html and "apr_g" not in html
     response = client.get("/audit.csv")
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = _exported(response)
     assert response.status_code == 200 and len(rows) > 1
     assert "apr_g" not in {row[6] for row in rows}
     assert {row[3] for row in rows[1:]} == {"acme"}
@@ -340,7 +346,7 @@ def test_it_names_the_system_as_the_actor_of_its_own_events_in_the_csv(acme, aud
     response = client.get("/audit.csv", {"object": "apr_sys"})
     page = client.get("/audit/", {"object": "apr_sys"}).content.decode()
 
-    (header, row) = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    (header, row) = _exported(response)
     assert dict(zip(header, row, strict=True))["actor"] == "system"
     assert "<td>system</td>" in page
 
@@ -396,3 +402,70 @@ def test_it_records_no_export_that_was_refused(trail, auditor, approver):
     assert client.get("/audit.csv", {"since": "not-a-date"}).status_code == 400
 
     assert not AuditEvent.objects.filter(action="audit.export").exists()
+
+
+FORMULA_STARTS = ("=", "+", "@", "\t", "\r")
+
+
+def _spreadsheet_cells(line: str, delimiter: str) -> list[str]:
+    """How Excel or LibreOffice cut a line: a double quote opens or closes a quoted run
+    (two inside one are a literal quote), and the delimiter splits only outside one."""
+    cells, cell, quoted, i = [], [], False, 0
+    while i < len(line):
+        char = line[i]
+        if char == '"':
+            if quoted and line[i + 1:i + 2] == '"':
+                cell.append('"')
+                i += 2
+                continue
+            quoted = not quoted
+        elif char == delimiter and not quoted:
+            cells.append("".join(cell))
+            cell = []
+        else:
+            cell.append(char)
+        i += 1
+    cells.append("".join(cell))
+    return cells
+
+
+def _export(auditor, **query) -> bytes:
+    client = Client()
+    client.force_login(auditor)
+    response = client.get("/audit.csv", query)
+    assert response.status_code == 200
+    return b"".join(response.streaming_content)
+
+
+@pytest.mark.django_db
+def test_it_keeps_formulas_out_of_every_cell_a_semicolon_locale_spreadsheet_reads(
+    acme, auditor
+):
+    # Excel opens a .csv with the system's list separator: ";" in Russian (the seeds'
+    # language), German, French. The quote before "=" guards a comma-separated cell's start
+    # only; unquoted, a reason written with ";=" would start a cell, and a formula, there.
+    audit_event_record(actor=auditor, action="intent.reject", tenant=acme,
+                       object_type="approval", object_id="apr_semi",
+                       reason="see ticket 4411;=HYPERLINK(A1);",
+                       before={"status": "pending"}, after={"status": "rejected"})
+
+    text = _export(auditor, object="apr_semi").decode("utf-8-sig")
+
+    formulas = [cell for line in text.split("\r\n") for cell in _spreadsheet_cells(line, ";")
+                if cell.startswith(FORMULA_STARTS)]
+    assert formulas == [], f"cells a spreadsheet runs as formulas: {formulas}"
+
+
+@pytest.mark.django_db
+def test_it_marks_the_export_as_utf8_inside_the_file_a_spreadsheet_opens(acme, auditor):
+    # The Content-Type's charset is gone once the file is saved; Excel on Windows reads a
+    # file without a byte order mark in the system code page (cp1251 in Russia), and every
+    # reason, name and evidence text in Cyrillic is garbled in the auditor's copy.
+    audit_event_record(actor=auditor, action="operation.resolve_succeeded", tenant=acme,
+                       object_type="operation", object_id="op_ru",
+                       reason="Сверено с выпиской банка")  # noqa: RUF001
+
+    body = _export(auditor, object="op_ru")
+
+    assert body.startswith(b"\xef\xbb\xbf"), body[:40]
+    assert "Сверено с выпиской банка" in body.decode("utf-8-sig")  # noqa: RUF001

@@ -33,6 +33,14 @@ _PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}")
 # not review it on an approval card, and scanning it for card data would cost seconds.
 MAX_INTENT_BYTES = 32 * 1024
 EMAIL_ADDRESS = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Control characters: a line break in an invoice id forges a line in `operations list`, an
+# escape sequence rewrites an operator's terminal. Text inside params may hold tabs and line
+# breaks (a message's lines); a field shown on one line (an id, a name) holds none.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_LINE_BREAK = re.compile(r"[\t\n]")
+# Deeper than this, an intent is no reference a person reviews, and encoding it ran out of
+# Python's stack at the insert (a traceback, not a refusal).
+MAX_INTENT_DEPTH = 32
 # Unicode's format characters (category Cf, as of Unicode 15): soft hyphens, zero-width spaces
 # and joiners, direction marks, byte order marks. Invisible where text is shown, they can join
 # the groups of a number unseen. Listed, not computed: `re` has no \p{Cf}, and scanning every
@@ -220,11 +228,15 @@ def _unicode_text(text: str) -> bool:
     return True
 
 
-def _plain_json(value: Any, path: str) -> None:
+def _plain_json(value: Any, path: str, depth: int = 0) -> None:
+    if depth > MAX_INTENT_DEPTH:
+        raise IntentError(f"{_named(path)}: nested more than {MAX_INTENT_DEPTH} levels deep")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SAFE_INTEGER:
         raise IntentError(f"{_named(path)}: integers must be within ±{_MAX_SAFE_INTEGER}")
     if isinstance(value, str) and not _unicode_text(value):
         raise IntentError(f"{_named(path)}: text holds an unpaired surrogate (not Unicode)")
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise IntentError(f"{_named(path)}: text holds a control character")
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return
     if isinstance(value, float):
@@ -238,11 +250,13 @@ def _plain_json(value: Any, path: str) -> None:
                 raise IntentError(
                     f"{_named(path)}: a key holds an unpaired surrogate (not Unicode)"
                 )
-            _plain_json(inner, f"{path}.{key}")
+            if _CONTROL.search(key) or _LINE_BREAK.search(key):
+                raise IntentError(f"{_named(path)}: a key holds a control character")
+            _plain_json(inner, f"{path}.{key}", depth + 1)
         return
     if isinstance(value, list):
         for i, inner in enumerate(value):
-            _plain_json(inner, f"{path}[{i}]")
+            _plain_json(inner, f"{path}[{i}]", depth + 1)
         return
     raise IntentError(f"{_named(path)}: {type(value).__name__} is not a JSON value")
 
@@ -274,6 +288,8 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
             raise IntentError(f"{action}: {name} must not be empty")
         if spec.minimum is not None and value < spec.minimum:
             raise IntentError(f"{action}: {name} must be at least {spec.minimum}")
+        if isinstance(value, str) and _LINE_BREAK.search(value):
+            raise IntentError(f"{action}: {name} must be one line (no tabs or line breaks)")
         _plain_json(value, name)
     if "currency" in fields and not CURRENCY_CODE.match(payload["currency"]):
         raise IntentError(f"{action}: currency must be an ISO 4217 code such as KZT or EUR")
@@ -320,6 +336,8 @@ def _deal_patch_validate(patch: Mapping[str, Any], *, action: str) -> None:
             raise IntentError(f"{action}: patch.currency must be an ISO 4217 code such as EUR")
         if name in ("name", "stage") and not value.strip():
             raise IntentError(f"{action}: patch.{name} must not be empty")
+        if isinstance(value, str) and _LINE_BREAK.search(value):
+            raise IntentError(f"{action}: patch.{name} must be one line (no tabs or line breaks)")
 
 
 def _kind_word(name: str) -> str:

@@ -590,3 +590,47 @@ def test_it_masks_a_beneficiary_named_by_email_and_cuts_an_account_to_its_last_f
 )
 def test_it_masks_an_email_address_whatever_letters_its_top_level_domain_is_in(text, masked):
     assert mask_inline(text) == masked
+
+
+@pytest.mark.parametrize(
+    ("action", "payload", "said"),
+    [
+        # A line break in an id forges a line of `operations list`; an escape sequence
+        # rewrites the operator's terminal.
+        ("payments.create", {**PAYMENT, "invoice_id": "inv_1\nop_x\tsucceeded"},
+         "invoice_id must be one line"),
+        ("payments.create", {**PAYMENT, "invoice_id": "inv_1\x1b[2J"},
+         "invoice_id: text holds a control character"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"name": "Big\ndeal"}},
+         "patch.name must be one line"),
+        ("mail.send", {"to": "anna@example.com", "template": "offer",
+                       "params": {"note": "hi\x07"}}, "params.note: text holds a control"),
+        ("mail.send", {"to": "anna@example.com", "template": "offer",
+                       "params": {"no\nte": "hi"}}, "params: a key holds a control character"),
+    ],
+)
+def test_it_refuses_control_characters_in_an_intent(action, payload, said):
+    with pytest.raises(IntentError, match=re.escape(said)):
+        intent_validate(action=action, payload=payload)
+
+
+def test_it_keeps_the_lines_of_a_message_parameter():
+    params = {"body": "Dear Anna,\n\tthe invoice is paid.\n"}
+    intent_validate(action="mail.send", payload={
+        "to": "anna@example.com", "template": "note", "params": params})
+
+
+def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():
+    def nested(depth: int) -> list:
+        value: list = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    intent_validate(action="mail.send", payload={
+        "to": "anna@example.com", "template": "offer", "params": {"a": nested(31)}})
+    # ~970 levels passed validation and then ran out of Python's stack at the insert.
+    for depth in (32, 970):
+        with pytest.raises(IntentError, match="nested more than 32 levels deep"):
+            intent_validate(action="mail.send", payload={
+                "to": "anna@example.com", "template": "offer", "params": {"a": nested(depth)}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -68,6 +69,14 @@ def sandbox_fault_set(
         raise ValueError(f"unknown fault kind {kind!r}; one of {', '.join(FaultKind.values)}")
     if times < 1:
         raise ValueError("times must be at least 1")
+    limit = SandboxFault._meta.get_field("match").max_length
+    if len(match) > limit:
+        raise ValueError(f"match is an operation id or '*': at most {limit} characters")
+    seconds = params.get("seconds")
+    if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+        # Stored, -5 made the sandbox's sleep raise (a bare 500, the fault used up); nan
+        # and inf are no JSON the database takes.
+        raise ValueError("seconds must be a duration: a finite number, 0 or more")
     if kind in (FaultKind.CARD_DECLINED, FaultKind.REQUIRES_ACTION) and (
         provider != Provider.PAYMENTS
     ):

@@ -1,6 +1,7 @@
-"""A broker that accepts connections and never answers: a failover's client pause, a stuck
-Redis, a peer gone behind a NAT that drops packets. Nothing waits on it for good: not the
-request that approved a payment (after its commit), not the health check."""
+"""A broker that is down, or that accepts connections and never answers (a failover's client
+pause, a stuck Redis, a peer gone behind a NAT that drops packets). Nothing waits on it for
+good: not the request that approved a payment (after its commit), not the health check, not
+the deployer's worker_ping."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -99,3 +101,20 @@ def test_it_reports_a_hung_broker_as_down_in_the_health_check(hung_broker):
     except subprocess.TimeoutExpired:
         pytest.fail("/healthz still had not answered after 40 s with a hung broker")
     assert done.stdout.startswith("503"), done.stdout + done.stderr[-2000:]
+
+
+def test_it_says_in_one_line_within_its_timeout_that_the_broker_is_down():
+    env = {**os.environ, "DEBUG": "1", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "manage.py", "worker_ping", "--timeout", "1"],
+        cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120,
+    )
+    # It took about 20 s whatever the timeout (the result store's reconnects), logged 20
+    # lines, and then said no worker answered.
+    assert time.monotonic() - started < 15
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "CommandError: the broker is unreachable: "
+        "Error 111 connecting to 127.0.0.1:1. Connection refused."
+    ]

@@ -482,3 +482,21 @@ def test_it_bounces_a_queued_message_once_and_tells_the_console(sandbox, receive
         ("message.bounced", op.id, CallOutcome.FAILED)
     ]
     assert adapter.lookup(op).status is CallOutcome.FAILED
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # nan and inf: no JSON the database takes (a traceback); -5 was stored, and the
+        # sandbox's sleep raised on it (a bare 500, the fault used up).
+        (("delay", "--seconds", "nan"), "seconds must be a duration"),
+        (("delay", "--seconds", "inf"), "seconds must be a duration"),
+        (("delay", "--seconds", "-5"), "seconds must be a duration"),
+        (("http_500", "--match", "x" * 121), "at most 120 characters"),
+    ],
+)
+def test_it_refuses_a_fault_it_could_not_carry_out(args, said):
+    with pytest.raises(CommandError, match=said):
+        call_command("sandbox_fault", "payments", *args, stdout=io.StringIO())
+    assert not SandboxFault.objects.exists()

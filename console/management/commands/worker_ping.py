@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from console.celery import app as celery_app
 from console.tasks import ping
 
 
@@ -12,6 +13,13 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=10.0)
 
     def handle(self, *args, timeout: float, **options) -> None:
+        # The broker first, once: a broker that is down made the wait below retry its
+        # connection for about 20 s, whatever the timeout, and then blame the workers.
+        try:
+            with celery_app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - any failure means "unreachable"
+            raise CommandError(f"the broker is unreachable: {exc}") from None
         try:
             answer = ping.delay().get(timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - any failure means "no worker answered"

@@ -3,10 +3,13 @@ tenant, and shown as groups (a user is in a role's group while they hold it anyw
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from django.contrib.auth.models import Group
 from django.db import transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
+from operations.intents import secret_in_text
 from operations.models import Role, Tenant, TenantRole
 from operations.services import audit_event_record
 
@@ -43,6 +46,21 @@ class RoleNotHeld(ValueError):
     pass
 
 
+class ReasonRefused(ValueError):
+    """The reason would carry card data or a secret onto the audit trail."""
+
+
+class RoleGranted(NamedTuple):
+    permissions: list[str]
+    already_held: bool
+
+
+def _reason_check(reason: str) -> None:
+    problem = secret_in_text(reason)
+    if problem:
+        raise ReasonRefused(f"the reason looks like {problem}")
+
+
 def roles_setup() -> list[Group]:
     """Create the role groups; safe to run any number of times."""
     with transaction.atomic():
@@ -56,23 +74,29 @@ def _role_name(role: str) -> str:
     raise UnknownRole(f"unknown role {role!r}; choose one of: {', '.join(ROLES)}")
 
 
-def role_grant(*, user, role: str, tenant: Tenant, actor=None, reason: str = "") -> list[str]:
+def role_grant(
+    *, user, role: str, tenant: Tenant, actor=None, reason: str = ""
+) -> RoleGranted:
     """Record the role on this tenant, give its permissions there, and put the user in the
-    role's group."""
+    role's group. A role already held is given again (its permissions restored, should
+    they have been taken another way) but not recorded as a second grant."""
     name = _role_name(role)
+    _reason_check(reason)
     with transaction.atomic():
         group, _ = Group.objects.get_or_create(name=name)
-        TenantRole.objects.get_or_create(user=user, tenant=tenant, role=name)
+        _, created = TenantRole.objects.get_or_create(user=user, tenant=tenant, role=name)
         user.groups.add(group)
         granted = []
         for codename in ROLE_PERMISSIONS[name]:
             assign_perm(f"operations.{codename}", user, tenant)
             granted.append(codename)
-        audit_event_record(
-            actor=actor, action="role.grant", tenant=tenant, object_type="user",
-            object_id=user.username, reason=reason, after={"role": name, "permissions": granted},
-        )
-        return granted
+        if created:
+            audit_event_record(
+                actor=actor, action="role.grant", tenant=tenant, object_type="user",
+                object_id=user.username, reason=reason,
+                after={"role": name, "permissions": granted},
+            )
+        return RoleGranted(granted, already_held=not created)
 
 
 def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = "") -> list[str]:
@@ -80,6 +104,7 @@ def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = ""
     holds there gives are removed (Approver and Operator both give view_tenant); returns
     those removed."""
     name = _role_name(role)
+    _reason_check(reason)
     with transaction.atomic():
         deleted, _ = TenantRole.objects.filter(user=user, tenant=tenant, role=name).delete()
         if not deleted:

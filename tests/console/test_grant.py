@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import io
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -145,3 +147,39 @@ def test_it_gives_each_role_exactly_its_permissions_on_the_tenant(acme):
     assert event.before == {"role": "Auditor"} and event.reason == "moved"
     auditor = type(UserFactory.build()).objects.get(username="the_auditor")
     assert get_perms(auditor, acme) == []
+
+
+@pytest.mark.django_db
+def test_it_names_the_shell_user_who_granted_and_revoked(acme):
+    UserFactory(username="dana")
+    call_command("grant", "dana", "admin", "acme", "--reason", "on call", stdout=io.StringIO())
+    call_command("grant", "dana", "admin", "acme", "--revoke", stdout=io.StringIO())
+    events = AuditEvent.objects.filter(object_id="dana").order_by("id")
+    # It read "system": nothing said who gave someone Admin.
+    assert [(e.action, e.actor_username.startswith("shell:")) for e in events] == [
+        ("role.grant", True), ("role.revoke", True)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("revoke", [(), ("--revoke",)])
+def test_it_refuses_card_data_in_a_grant_reason(acme, revoke):
+    dana = UserFactory(username="dana")
+    call_command("grant", "dana", "approver", "acme", stdout=io.StringIO())
+    before = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match="card number"):
+        call_command("grant", "dana", "approver", "acme", *revoke, "--reason",
+                     "card 4111 1111 1111 1111")
+    assert AuditEvent.objects.count() == before
+    assert TenantRole.objects.filter(user=dana, tenant=acme).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_records_a_role_already_held_once(acme):
+    dana = UserFactory(username="dana")
+    call_command("grant", "dana", "approver", "acme", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("grant", "dana", "approver", "acme", stdout=out)
+    assert out.getvalue() == "dana already holds approver on acme: nothing recorded\n"
+    # Two grants with no revoke between them told an auditor something that never happened.
+    assert AuditEvent.objects.filter(action="role.grant", object_id="dana").count() == 1
+    assert dana.has_perm("operations.approve_intents", acme)

@@ -3,8 +3,9 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console.roles import RoleNotHeld, UnknownRole, role_grant, role_revoke
+from console.roles import ReasonRefused, RoleNotHeld, UnknownRole, role_grant, role_revoke
 from operations.models import Tenant
+from operations.services import audit_actor_from_shell
 
 
 class Command(BaseCommand):
@@ -32,16 +33,23 @@ class Command(BaseCommand):
         except Tenant.DoesNotExist:
             raise CommandError(f"no tenant with slug {tenant!r}") from None
         try:
-            if revoke:
-                removed = role_revoke(user=user, role=role, tenant=tenant_obj,
-                                      reason=reason or "revoked from the command line")
-                self.stdout.write(
-                    f"revoked {role} on {tenant} from {username}; permissions removed: "
-                    f"{', '.join(removed) or 'none (other roles there still give them)'}"
-                )
-                return
-            perms = role_grant(user=user, role=role, tenant=tenant_obj,
-                               reason=reason or "granted from the command line")
-        except (UnknownRole, RoleNotHeld) as exc:
+            # The audit trail names the shell's user as who granted or revoked.
+            with audit_actor_from_shell():
+                if revoke:
+                    removed = role_revoke(user=user, role=role, tenant=tenant_obj,
+                                          reason=reason or "revoked from the command line")
+                    self.stdout.write(
+                        f"revoked {role} on {tenant} from {username}; permissions removed: "
+                        f"{', '.join(removed) or 'none (other roles there still give them)'}"
+                    )
+                    return
+                granted = role_grant(user=user, role=role, tenant=tenant_obj,
+                                     reason=reason or "granted from the command line")
+        except (UnknownRole, RoleNotHeld, ReasonRefused) as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"granted {role} on {tenant} to {username}: {', '.join(perms)}")
+        if granted.already_held:
+            self.stdout.write(f"{username} already holds {role} on {tenant}: nothing recorded")
+            return
+        self.stdout.write(
+            f"granted {role} on {tenant} to {username}: {', '.join(granted.permissions)}"
+        )

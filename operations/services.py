@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict
 from typing import Any
 
@@ -10,6 +15,29 @@ from django.db import transaction
 
 from operations.models import AuditEvent, Tenant
 from operations.selectors import AuditFilters, tenants_for_user
+
+# Who runs the management command this process is in: the audit trail names them on what
+# they do from a shell (a grant, a prepare, a reconcile), where there is no signed-in user.
+_shell_actor: ContextVar[str] = ContextVar("shell_actor", default="")
+
+
+def _shell_user() -> str:
+    # Behind sudo, the person who typed it, not root; a container's user may have no name.
+    try:
+        name = os.environ.get("SUDO_USER") or getpass.getuser()
+    except (OSError, KeyError):
+        name = f"uid {os.getuid()}"
+    return f"shell:{name}"[:150]
+
+
+@contextmanager
+def audit_actor_from_shell() -> Iterator[str]:
+    """Audit rows written inside name the shell's user when they have no signed-in actor."""
+    token = _shell_actor.set(_shell_user())
+    try:
+        yield _shell_actor.get()
+    finally:
+        _shell_actor.reset(token)
 
 
 def audit_event_record(
@@ -27,7 +55,7 @@ def audit_event_record(
     with transaction.atomic():
         return AuditEvent.objects.create(
             actor=actor if actor is not None and actor.is_authenticated else None,
-            actor_username=getattr(actor, "username", "") or "",
+            actor_username=getattr(actor, "username", "") or _shell_actor.get(),
             tenant=tenant,
             action=action,
             object_type=object_type,

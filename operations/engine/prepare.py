@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from operations.intents import (
     idempotency_key_for,
     intent_canonical,
     intent_validate,
+    secret_in_text,
 )
 from operations.models import (
     Checkpoint,
@@ -34,6 +36,9 @@ from operations.models import (
 from operations.policy import policy_for, policy_version_current
 from operations.services import audit_event_record
 from operations.signals import operation_prepared
+
+# A run's command, as the workflow runtime names it (cmd_…).
+_COMMAND_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 
 def operation_prepare(
@@ -64,6 +69,11 @@ def operation_prepare(
     if len(command_id) > limit:
         # The caller's mistake, said as one: not a database error deep in the insert.
         raise IntentError(f"command id is longer than {limit} characters")
+    if command_id and not _COMMAND_ID.fullmatch(command_id):
+        # Journaled and shown as it is, on the operation's page and by `operations show`.
+        raise IntentError("command id must be an id: letters, digits and _ . : - only")
+    if secret_in_text(command_id):
+        raise IntentError("command id looks like card data or a secret; use the run's own id")
     policy = policy_for(action)
     canonical, payload_hash = intent_canonical(
         action=action, tenant=tenant.slug, payload=payload, policy_version=policy.version

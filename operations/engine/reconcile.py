@@ -89,8 +89,12 @@ def operation_reconcile(
     Reads only: never creates anything at the provider. Proven absence returns the operation
     to not_started (only where the contract makes a new call safe); anything ambiguous stays
     unknown, with what was found, for a person.
+
+    A person asks with a reason: signed in (`actor`), or from a shell (a reason alone; the
+    audit trail names the shell's user). The sweep asks with neither.
     """
-    if actor is not None:
+    asked_by_person = actor is not None or bool(reason)
+    if asked_by_person:
         person_text_check(reason=reason)
     op = Operation.objects.select_related("tenant").get(id=operation_id)
     if actor is not None:
@@ -101,7 +105,7 @@ def operation_reconcile(
         _expire_lease(op)
         op.refresh_from_db()
     if not outcome_open(op):
-        if actor is not None:
+        if asked_by_person:
             # The operator asked, with a reason: the trail shows the request even when the
             # status had moved on and there was nothing to look up.
             audit_event_record(
@@ -143,7 +147,7 @@ def operation_reconcile(
     report = _record_lookup(
         op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
     )
-    if actor is not None:
+    if asked_by_person:
         # After the lookup is recorded: the trail says what the person's reconcile moved,
         # from the status they asked about to the one it left, not only what was found.
         audit_event_record(

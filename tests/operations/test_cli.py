@@ -273,9 +273,11 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
 
 
 @pytest.mark.django_db
-def test_it_refuses_a_list_limit_below_one(acme_payment):
-    with pytest.raises(CommandError, match="--limit must be at least 1"):
-        _run("list", "--status", "not_started", "--limit", "0")
+@pytest.mark.parametrize("limit", ["0", "-1", "10001", str(10**20)])
+def test_it_refuses_a_list_limit_out_of_its_bounds(acme_payment, limit):
+    # 10**20 reached PostgreSQL as a LIMIT: "bigint out of range", a traceback.
+    with pytest.raises(CommandError, match="--limit must be from 1 to 10000"):
+        _run("list", "--status", "not_started", "--limit", limit)
 
 
 @pytest.mark.django_db
@@ -299,3 +301,152 @@ def test_it_shows_until_when_a_call_may_reach_the_provider(acme_payment):
 
     assert attempt["finished_at"] is None
     assert attempt["reach_until"] == call.reach_until.isoformat()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Past what Python reads: json.loads raises ValueError, not JSONDecodeError.
+        '{"invoice_id": "inv_1", "amount_minor": ' + "1" * 5000 + "}",
+        # Thousands of levels: RecursionError.
+        '{"params": ' + "[" * 5000 + "]" * 5000 + "}",
+    ],
+)
+def test_it_refuses_a_payload_python_cannot_read_with_one_error(acme, raw):
+    with pytest.raises(CommandError, match="--payload cannot be read"):
+        _run(*prepare_args(raw))
+    assert not Operation.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args",
+    [
+        # What Python makes of a byte that is not UTF-8 in argv (surrogateescape).
+        ("show", "op_\udcff"),
+        ("execute", "op_\udcff"),
+        ("reconcile", "op_\udcff"),
+        prepare_args(tenant="\udcff"),
+        prepare_args(extra=("--run", "run_\udcff")),
+    ],
+)
+def test_it_refuses_an_argument_that_is_not_utf8_with_one_error(acme, args):
+    # It reached the database driver and raised there: a traceback.
+    with pytest.raises(CommandError, match="is not UTF-8 text"):
+        _run(*args)
+    assert not Operation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("list", "--status", "bogus"), "invalid choice: 'bogus'"),
+        (("prepare", "--tenant", "acme"), "required: --action, --payload"),
+    ],
+)
+def test_it_says_a_usage_mistake_in_one_line(args, said):
+    from django.db import connection
+
+    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "DEBUG": "1"}
+    result = subprocess.run([sys.executable, "manage.py", "operations", *args], cwd=BASE_DIR,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr, result.stderr
+
+
+@pytest.mark.django_db
+def test_it_prints_one_line_per_operation_whatever_an_older_intent_holds(acme):
+    """Intents refuse control characters now; one journaled before (or written past the
+    engine) must still not forge a line of `list`, which runbooks read by column, nor send
+    escape sequences to the operator's terminal."""
+    from tests.helpers import updated_past_triggers
+
+    op = prepared_payment(acme)
+    forged = "op_01FORGED\tsucceeded\tacme\tpayments.create\tpi_fake\tok"
+    updated_past_triggers(Operation.objects.filter(id=op.id),
+                          payload={**PAYMENT, "invoice_id": f"inv_1\n{forged}\x1b[2J"})
+    listed = _run("list", "--status", "not_started")
+    assert [line.split("\t")[0] for line in listed.splitlines()] == [op.id]
+    assert "\x1b" not in listed and "\\n" in listed and "\\x1b" in listed
+    shown = _run("show", op.id)
+    assert "\x1b" not in shown and "op_01FORGED" not in shown.split("\n", 2)[2]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("command_id", "said"),
+    [
+        ("4111 1111 1111 1111", "must be an id"),
+        ("cmd_4111111111111111", "looks like card data or a secret"),
+        ("sk_live_abcdefghijklmnop", "looks like card data or a secret"),
+        ("cmd 1\nforged", "must be an id"),
+    ],
+)
+def test_it_refuses_a_command_id_that_is_no_id(acme, command_id, said):
+    # Journaled and shown as it is, on the operation's page and by `show`.
+    with pytest.raises(CommandError, match=said):
+        _run(*prepare_args(extra=("--command", command_id)))
+    assert not Operation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_names_the_shell_user_on_what_a_person_does_from_the_command_line(
+    acme, settings
+):
+    op_id = _run(*prepare_args()).strip()
+    prepared = AuditEvent.objects.get(action="operation.prepare", object_id=op_id)
+    assert prepared.actor is None and prepared.actor_username.startswith("shell:")
+
+    settings.PAYMENTS_API_BASE = "http://127.0.0.1:1/v1"  # the provider is down
+    settings.PROVIDER_TIMEOUT_SECONDS = 1.0
+    op = make_unknown(prepared_payment(acme, invoice_id="inv_u"))
+    assert _run("reconcile", op.id, "--reason", "bank asked").startswith("inconclusive unknown")
+    # As the web's Reconcile now: who asked, why, and what the lookup left.
+    asked = AuditEvent.objects.get(action="operation.reconcile", object_id=op.id)
+    assert asked.actor_username == prepared.actor_username and asked.reason == "bank asked"
+    assert asked.before == {"status": "unknown"} and asked.after["status"] == "unknown"
+    assert _run("reconcile", op.id).startswith("inconclusive unknown")
+    assert AuditEvent.objects.filter(
+        action="operation.reconcile", object_id=op.id, reason="asked from the command line"
+    ).count() == 1
+    with pytest.raises(CommandError, match="card number"):
+        _run("reconcile", op.id, "--reason", "card 4111 1111 1111 1111")
+    assert not AuditEvent.objects.filter(reason__contains="4111").exists()
+    # Outside a command (the beat's sweep, a worker) a row with no actor names nobody.
+    from operations.services import audit_event_record
+
+    assert audit_event_record(actor=None, action="test.event", tenant=acme).actor_username == ""
+
+
+@pytest.mark.django_db
+def test_it_exits_non_zero_when_execute_leaves_the_effect_undone(acme, approver):
+    from datetime import timedelta
+
+    from tests.operations.engine_helpers import authorized_payment
+
+    op = authorized_payment(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        authorization_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    # It printed "cancelled cancelled (…)" and exited 0: `execute OP && next step` went on.
+    with pytest.raises(CommandError, match=r"cancelled cancelled .*: not done"):
+        _run("execute", op.id)
+    op.refresh_from_db()
+    assert op.status == "cancelled" and op.provider_calls == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_exits_zero_with_the_outcome_when_execute_carries_the_effect_out(
+    acme, approver, providers
+):
+    from operations.sandbox.models import PaymentIntent
+    from tests.operations.engine_helpers import authorized_payment
+
+    op = authorized_payment(acme, approver)
+    assert _run("execute", op.id).startswith("called succeeded")
+    op.refresh_from_db()
+    assert op.provider_calls == 1 and op.external_id == PaymentIntent.objects.get().id
+    assert _run("execute", op.id).startswith("already_succeeded succeeded")
+    assert PaymentIntent.objects.count() == 1

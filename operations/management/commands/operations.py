@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.conf import settings
@@ -11,6 +12,30 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
 from operations.intents import IntentError, intent_summary
 from operations.models import Operation, OperationStatus, Run, Tenant
+from operations.services import audit_actor_from_shell
+
+# What `list` takes at once: past this, page with a narrower status or read the journal.
+LIST_LIMIT_MAX = 10_000
+# Where execute leaves the effect done, or taken by the provider (its final answer follows).
+EFFECT_DONE = {OperationStatus.SUCCEEDED, OperationStatus.ACCEPTED}
+# Control characters in what is printed: an operation journaled before intents refused them
+# could forge a line of `list` or drive the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+def _text_arguments_check(options: dict[str, Any]) -> None:
+    """An argument that is not UTF-8 (a stray byte in a pasted id) reached the database
+    driver as a lone surrogate and raised there, a traceback."""
+    for name, value in options.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise CommandError(f"{name.replace('_', ' ')} is not UTF-8 text") from None
 
 
 def _operation(operation_id: str) -> Operation:
@@ -59,11 +84,23 @@ def _as_dict(op: Operation) -> dict[str, Any]:
     }
 
 
+class _OneLineErrors(CommandParser):
+    """A usage mistake in one line, as every other refusal of this command is: argparse's
+    usage block before it was three to five lines for a script's log to carry."""
+
+    def error(self, message: str) -> None:
+        if self.called_from_command_line:
+            self.exit(2, f"{self.prog}: error: {message} (--help says more)\n")
+        super().error(message)
+
+
 class Command(BaseCommand):
     help = "Prepare, show, execute, reconcile and list operations (wrappers over the engine)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+        sub = parser.add_subparsers(
+            dest="subcommand", required=True, metavar="SUBCOMMAND", parser_class=_OneLineErrors
+        )
 
         prepare = sub.add_parser("prepare", help="record a new intent; prints its operation id")
         prepare.add_argument("--tenant", required=True, help="tenant slug")
@@ -81,14 +118,20 @@ class Command(BaseCommand):
 
         reconcile = sub.add_parser("reconcile", help="ask the provider what really happened")
         reconcile.add_argument("operation_id")
+        reconcile.add_argument(
+            "--reason", default="asked from the command line",
+            help="why; on the audit trail with the shell's user",
+        )
 
         listing = sub.add_parser("list", help="operations in one status, newest first")
         listing.add_argument("--status", required=True, choices=OperationStatus.values)
         listing.add_argument("--limit", type=int, default=50)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _text_arguments_check(options)
         handler = getattr(self, f"_{options['subcommand']}")
-        handler(options)
+        with audit_actor_from_shell():
+            handler(options)
 
     def _prepare(self, options: dict[str, Any]) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -98,6 +141,9 @@ class Command(BaseCommand):
             payload = json.loads(options["payload"])
         except json.JSONDecodeError as exc:
             raise CommandError(f"--payload is not valid JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            # Past what Python reads: an integer of thousands of digits, thousands of levels.
+            raise CommandError(f"--payload cannot be read: {str(exc)[:120]}") from exc
         run = None
         if options["run"]:
             run = Run.objects.filter(id=options["run"], tenant=tenant).first()
@@ -128,16 +174,17 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(data, indent=2))
             return
         self.stdout.write(f"{op.id}  {op.status}  {op.tenant.slug}  {op.action}")
-        self.stdout.write(f"  {intent_summary(action=op.action, payload=op.payload)}")
+        self.stdout.write(f"  {_printable(intent_summary(action=op.action, payload=op.payload))}")
         for key in ("payload_hash", "idempotency_key", "external_id", "error_code"):
             if data[key]:
-                self.stdout.write(f"  {key}: {data[key]}")
+                self.stdout.write(f"  {key}: {_printable(data[key])}")
         for a in data["attempts"]:
             self.stdout.write(
                 f"  attempt {a['number']} {a['kind']} {a['outcome']}"
-                f" http={a['http_status'] or '-'} external_id={a['external_id'] or '-'}"
-                f" at {a['started_at']}"
-                + (f"\n    held for review: {a['review_note']}" if a["held_for_review"] else "")
+                f" http={a['http_status'] or '-'}"
+                f" external_id={_printable(a['external_id'] or '-')} at {a['started_at']}"
+                + (f"\n    held for review: {_printable(a['review_note'])}"
+                   if a["held_for_review"] else "")
             )
 
     def _execute(self, options: dict[str, Any]) -> None:
@@ -153,18 +200,23 @@ class Command(BaseCommand):
                 f"awaiting_authorization {report.status}: {op.id} has no approval to run; "
                 "nothing was called (approve it in the approval queue first)"
             )
-        self.stdout.write(
-            f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
-        )
+        said = f"{report.outcome} {report.status}" + (
+            f" ({_printable(report.detail)})" if report.detail else "")
+        if report.status not in EFFECT_DONE:
+            # Cancelled (the approval ran out), unknown, failed, held by another worker: a
+            # runbook's `&& next step` must not go on as if the effect had happened.
+            raise CommandError(f"{said}: not done; 'operations show {op.id}' says why")
+        self.stdout.write(said)
 
     def _reconcile(self, options: dict[str, Any]) -> None:
         op = _operation(options["operation_id"])
         try:
-            report = operation_reconcile(operation_id=op.id)
+            report = operation_reconcile(operation_id=op.id, reason=options["reason"])
         except EngineError as exc:
             raise CommandError(f"reconcile refused: {exc}") from exc
         self.stdout.write(
-            f"{report.outcome} {report.status}" + (f" ({report.detail})" if report.detail else "")
+            f"{report.outcome} {report.status}"
+            + (f" ({_printable(report.detail)})" if report.detail else "")
         )
         if report.may_call_again:
             # A thin wrapper runs nothing it was not asked to: it says what comes next.
@@ -174,17 +226,18 @@ class Command(BaseCommand):
             )
 
     def _list(self, options: dict[str, Any]) -> None:
-        if options["limit"] < 1:
-            raise CommandError("--limit must be at least 1")
+        if not 1 <= options["limit"] <= LIST_LIMIT_MAX:
+            raise CommandError(f"--limit must be from 1 to {LIST_LIMIT_MAX}")
         ops = list(
             Operation.objects.filter(status=options["status"])
             .select_related("tenant")
             .order_by("-id")[: options["limit"]]
         )
         for op in ops:
+            summary = intent_summary(action=op.action, payload=op.payload)
             self.stdout.write(
                 f"{op.id}\t{op.status}\t{op.tenant.slug}\t{op.action}\t"
-                f"{op.external_id or '-'}\t{intent_summary(action=op.action, payload=op.payload)}"
+                f"{_printable(op.external_id or '-')}\t{_printable(summary)}"
             )
         if not ops:
             # On stderr: a script reading stdout still gets no lines, a person gets an answer.

@@ -328,6 +328,19 @@ def transition(
                     payload[key] = reviewed
         if before["unknown_since"] is not None and to != S.UNKNOWN:
             payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
+        elif before["status"] == S.DISPUTED and to not in (S.UNKNOWN, S.DISPUTED):
+            # A hold a person put on an unknown operation: its time to a known outcome runs
+            # from when it went unknown, through the hold, to this resolution (else the
+            # hardest cases, the ones a person had to settle, never reach the p95).
+            hold = (
+                Evidence.objects.filter(operation_id=op.id, to_status=S.DISPUTED)
+                .order_by("-id").values("from_status", "data", "created_at").first()
+            )
+            if hold and hold["from_status"] == S.UNKNOWN and "unknown_seconds" in hold["data"]:
+                payload["unknown_seconds"] = round(
+                    hold["data"]["unknown_seconds"] + (now - hold["created_at"]).total_seconds(),
+                    3,
+                )
         Evidence.objects.create(
             operation_id=op.id,
             kind=evidence_kind,

@@ -95,11 +95,18 @@ RECENT_DECISIONS = timedelta(hours=24)
 
 
 def approvals_waiting(user) -> dict[str, object]:
-    """For the dashboard: how many intents wait for a person on the user's tenants, and when
-    the first of them expires (the pending partial index; never the decided history)."""
+    """For the dashboard: how many intents wait for a person on the user's tenants and when
+    the first of them expires, and how many ran out that the expiry sweep has not closed yet
+    (they can no longer be approved: the beat is down or behind). The pending partial index;
+    never the decided history."""
+    now = timezone.now()
     return Approval.objects.filter(
         operation__tenant_id__in=tenant_ids_for_user(user), status=P.PENDING
-    ).aggregate(count=Count("id"), soonest=Min("expires_at"))
+    ).aggregate(
+        count=Count("id", filter=Q(expires_at__gt=now)),
+        soonest=Min("expires_at", filter=Q(expires_at__gt=now)),
+        overdue=Count("id", filter=Q(expires_at__lte=now)),
+    )
 
 
 def approval_counts(qs: QuerySet[Approval]) -> list[tuple[str, str, int]]:

@@ -120,10 +120,11 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
     tenants = tenants_for_user(request.user)
+    metrics = dashboard_metrics(request.user)
     return render(
         request, "console/dashboard.html",
-        {"tenants": tenants, "metrics": dashboard_metrics(request.user),
-         "waiting": approvals_waiting(request.user)},
+        {"tenants": tenants, "metrics": metrics, "waiting": approvals_waiting(request.user),
+         "window_label": f"last {metrics['window'].days} days"},
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import connection
@@ -126,12 +127,19 @@ def operations_for_user(user, perm: str = "view_tenant"):
 
 # What a reconcile can find out from unknown: an outcome, or proven absence (not_started).
 RECONCILED_STATUSES = transitions.AUTOMATIC[OperationStatus.UNKNOWN]
+# The dashboard's counts of what happened (as opposed to what waits now) cover this much,
+# and say so: "3 version conflicts" of all time could be this morning's or last year's, and
+# an all-time read grows with the journal.
+METRICS_WINDOW = timedelta(days=7)
 
 
 def dashboard_metrics(user) -> dict:
-    """Numbers for the dashboard, over the tenants the user may see."""
+    """Numbers for the dashboard, over the tenants the user may see: what waits now, and
+    what happened within METRICS_WINDOW."""
     tenant_ids = tenant_ids_for_user(user)
     ops = Operation.objects.filter(tenant_id__in=tenant_ids)
+    now = timezone.now()
+    since = now - METRICS_WINDOW
     by_status = dict(
         ops.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
     )
@@ -139,7 +147,8 @@ def dashboard_metrics(user) -> dict:
         oldest=Min("unknown_since")
     )["oldest"]
     # Time from `unknown` to knowing what happened (an outcome, or proven absence), recorded
-    # on the evidence that settled it. A dispute is a hold, not a finding: not counted.
+    # on the evidence that settled it. A dispute is a hold, not a finding: the resolution
+    # that ends it carries the whole time instead.
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -147,9 +156,9 @@ def dashboard_metrics(user) -> dict:
                    percentile_cont(0.95) WITHIN GROUP (ORDER BY (e.data->>'unknown_seconds')::float)
             FROM operations_evidence e JOIN operations_operation o ON o.id = e.operation_id
             WHERE o.tenant_id = ANY(%s) AND e.data ? 'unknown_seconds'
-              AND e.to_status = ANY(%s)
+              AND e.created_at >= %s AND e.to_status = ANY(%s)
             """,
-            [tenant_ids, list(RECONCILED_STATUSES)],
+            [tenant_ids, since, list(RECONCILED_STATUSES)],
         )
         p50, p95 = cursor.fetchone()
     return {
@@ -167,7 +176,7 @@ def dashboard_metrics(user) -> dict:
         # later settles it, and the conflict still happened.
         "version_conflicts": Attempt.objects.filter(
             operation__tenant_id__in=tenant_ids, kind=AttemptKind.CALL,
-            error_class="version_conflict",
+            error_class="version_conflict", started_at__gte=since,
         ).values("operation_id").distinct().count(),
         # Operations with a held event or a held answer, each once (UNION, not UNION ALL).
         "held_for_review": webhooks_held_for_review(tenant_ids=tenant_ids)
@@ -179,10 +188,19 @@ def dashboard_metrics(user) -> dict:
         "manual_resolutions": Evidence.objects.filter(
             operation__tenant_id__in=tenant_ids, kind=EvidenceKind.MANUAL,
             to_status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED],
+            created_at__gte=since,
         ).count(),
         # A changed intent that went to a person again. One the policy authorized on its
         # own (a small deal changed to another small one) was approved by nobody.
-        "reapprovals": ops.filter(supersedes__isnull=False, requires_approval=True).count(),
+        "reapprovals": ops.filter(
+            supersedes__isnull=False, requires_approval=True, created_at__gte=since
+        ).count(),
+        # A worker's lease ran out and no sweep has turned it unknown yet: the beat is down,
+        # or behind. Nobody else would see it.
+        "stuck_count": ops.filter(
+            status=OperationStatus.IN_PROGRESS, lease_expires_at__lte=now
+        ).count(),
+        "window": METRICS_WINDOW,
     }
 
 
@@ -229,11 +247,23 @@ def operations_disputed_queue(user, *, limit: int = 100):
     )
 
 
-def _operations_waiting(user, *, status: str, order: tuple[str, ...], limit: int):
+def operations_stuck_queue(user, *, limit: int = 100):
+    """In progress on a lease that ran out: the worker is gone, and the sweep turns each
+    unknown within seconds. Listed at all only while the beat is down or behind; then nobody
+    else would see them."""
+    return _operations_waiting(
+        user, status=OperationStatus.IN_PROGRESS, order=("lease_expires_at", "id"),
+        limit=limit, lease_expires_at__lte=timezone.now(),
+    )
+
+
+def _operations_waiting(
+    user, *, status: str, order: tuple[str, ...], limit: int, **conditions: Any
+):
     last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
     return list(
         operations_for_user(user)
-        .filter(status=status)
+        .filter(status=status, **conditions)
         .select_related("tenant")
         .annotate(
             last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),

@@ -43,6 +43,7 @@ from operations.selectors import (
     operation_timeline,
     operations_disputed_queue,
     operations_journal,
+    operations_stuck_queue,
     operations_unknown_count,
     operations_unknown_queue,
     related_pages_for_user,
@@ -92,15 +93,20 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
     held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
     held_answers = answers_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    disputed = [
-        (op, intent_summary(action=op.action, payload=op.payload))
-        for op in operations_disputed_queue(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    ]
+    disputed, stuck = (
+        [(op, intent_summary(action=op.action, payload=op.payload)) for op in queue]
+        for queue in (
+            operations_disputed_queue(request.user, limit=UNKNOWN_QUEUE_SIZE),
+            operations_stuck_queue(request.user, limit=UNKNOWN_QUEUE_SIZE),
+        )
+    )
     # An auditor reads the same queue; it must not tell them to do what they may not.
     may_operate = tenants_for_user(request.user, "operate_operations").exists()
     return render(request, "operations/unknown.html", {
         "rows": rows, "total": total, "held": held, "held_answers": held_answers,
-        "disputed": disputed, "may_operate": may_operate,
+        "disputed": disputed, "stuck": stuck, "may_operate": may_operate,
+        # Nothing waits "for a person" is no claim to make to someone who sees no tenant.
+        "sees_a_tenant": tenants_for_user(request.user).exists(),
     })
 
 

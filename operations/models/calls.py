@@ -143,6 +143,18 @@ class Evidence(models.Model):
                 condition=models.Q(kind__in=EvidenceKind.values), name="evidence_kind_valid"
             ),
         ]
+        # The dashboard's time to reconcile and manual resolutions, read on every visit: a
+        # week of rare rows, never a scan of all the evidence there is.
+        indexes = [
+            models.Index(
+                fields=["created_at"], condition=models.Q(data__has_key="unknown_seconds"),
+                name="evidence_reconcile_sample",
+            ),
+            models.Index(
+                fields=["created_at"], condition=models.Q(kind=EvidenceKind.MANUAL),
+                name="evidence_manual",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.operation_id} {self.kind}: {self.summary[:60]}"

@@ -116,7 +116,7 @@ class EvidenceKind(models.TextChoices):
     LOOKUP = "lookup", "Provider lookup"
     WEBHOOK = "webhook", "Webhook"
     CALL_RESULT = "call_result", "Call result"
-    MANUAL = "manual", "Manual resolution"
+    MANUAL = "manual", "A person's decision"  # a resolution or a dispute
     AUTHORIZATION = "authorization", "Authorization check"
     TRANSITION = "transition", "Status transition"
 

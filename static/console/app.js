@@ -22,6 +22,20 @@ document.addEventListener("htmx:configRequest", (event) => {
   }
 });
 
+// A button whose press records something on a person's word alone asks first (data-confirm),
+// unless the form's field named in data-confirm-unless holds something the server checks
+// (a provider reference). Without JavaScript the form submits as it is.
+document.addEventListener("htmx:confirm", (event) => {
+  const trigger = event.detail.triggeringEvent;
+  const button = trigger && trigger.submitter;
+  if (!button || !button.dataset.confirm) return;
+  const checked = button.dataset.confirmUnless && button.form &&
+    button.form.elements.namedItem(button.dataset.confirmUnless);
+  if (checked && checked.value.trim()) return;
+  event.preventDefault();
+  if (window.confirm(button.dataset.confirm)) event.detail.issueRequest(true);
+});
+
 // Back or Forward to a filtered list that htmx restores from its own history cache: the
 // cached page keeps the rows of that URL but not its form controls' values (the browser
 // saves attributes, and the form sits outside the swapped rows). Set them from the URL.

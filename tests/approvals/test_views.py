@@ -9,10 +9,12 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import Approval, ApprovalStatus
-from operations.engine import operation_prepare
-from operations.models import AuditEvent
+from approvals.services import approval_approve
+from operations.engine import operation_prepare, operation_resolve
+from operations.models import AuditEvent, Operation
 from tests.approvals.conftest import BENEFICIARY, EMAIL
 from tests.helpers import signed_in, updated_past_triggers
+from tests.operations.engine_helpers import make_unknown
 
 pytestmark = pytest.mark.django_db
 
@@ -529,7 +531,6 @@ def test_it_counts_the_intents_waiting_on_the_dashboard(acme, approver, other_te
 def test_it_links_an_operation_page_to_its_approval_requests(
     acme, approver, operator, prepare_payment
 ):
-    from approvals.services import approval_approve
 
     first = prepare_payment(acme)
     second = prepare_payment(acme, supersedes=first.operation, amount_minor=1_300_000)
@@ -698,3 +699,49 @@ def test_it_offers_approve_to_anyone_but_the_person_who_made_the_intent(
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.PENDING
     assert AuditEvent.objects.filter(action="approval.approve_refused").count() == 1
+
+
+def _heading(html: str, approval: Approval) -> str:
+    card = html[html.index(f'id="card-{approval.id}"'):]
+    return re.sub(r"\s+", " ", card[:card.index("</h2>")])
+
+
+def test_it_says_in_a_decided_cards_heading_what_became_of_the_operation(
+    acme, approver, operator, prepare_payment, no_execute
+):
+    """A green "approved" beside "Pay 12,500.00 KZT to …" read as money sent, while the
+    payment had failed: that was a small pill on the ninth row of facts."""
+    approval = prepare_payment(acme)
+    approval_approve(approval_id=approval.id, actor=approver, comment="invoice matches")
+    make_unknown(Operation.objects.get(id=approval.operation_id))
+    heading = _heading(signed_in(approver).get("/approvals/").content.decode(), approval)
+    assert "approved" in heading and "operation unknown" in heading
+    operation_resolve(operation_id=approval.operation_id, actor=operator, outcome="failed",
+                      evidence_text="no debit at the bank", reason="treasury checked")
+    heading = _heading(signed_in(approver).get("/approvals/").content.decode(), approval)
+    assert "operation failed" in heading
+
+
+def test_it_names_what_changed_in_a_changed_intents_heading(acme, approver, prepare_payment):
+    """On a phone the diff came after thirteen rows of facts, below the fold: the heading
+    says the intent changed, and what."""
+    old = prepare_payment(acme)
+    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_400_000,
+                          beneficiary_id="vendor_990012399")
+    html = signed_in(approver).get(reverse("approvals:detail", args=[new.id])).content.decode()
+    assert "changed: beneficiary, amount" in _heading(html, new)
+    unchanged = prepare_payment(acme, invoice_id="inv_other")
+    html = signed_in(approver).get(
+        reverse("approvals:detail", args=[unchanged.id])).content.decode()
+    assert "changed:" not in _heading(html, unchanged)
+
+
+@pytest.mark.parametrize("who", ["operator", "auditor"])
+def test_it_tells_a_person_who_may_not_decide_who_does(acme, request, who, prepare_payment):
+    """A pending card with its buttons simply missing left an operator covering for an
+    approver unsure whether the page was broken, and whom to ask."""
+    approval = prepare_payment(acme)
+    user = request.getfixturevalue(who)
+    html = signed_in(user).get(reverse("approvals:detail", args=[approval.id])).content.decode()
+    assert "Only an approver on Acme Corp can approve or reject this" in html
+    assert 'action="' + reverse("approvals:reject", args=[approval.id]) not in html

@@ -16,6 +16,11 @@ from tests.operations.operator_helpers import payment_at_provider
 pytestmark = pytest.mark.browser
 
 
+def _operators_page(page, live_server, op) -> None:
+    browser_sign_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/operations/{op.id}/")
+
+
 def _act_in_place(page, op, *, action: str, button: str, status: str):
     """Press an operator action's button on the operation's page and check that htmx
     answered it in place: no reload, the panel showing `status`, and focus on what the
@@ -82,8 +87,7 @@ def test_it_lets_an_operator_reconcile_now_and_shows_what_the_lookup_found(
     op = acme_unknown
     payment_id = payment_at_provider(op)
 
-    browser_sign_in(page, live_server, "operator")
-    page.goto(f"{live_server.url}/operations/{op.id}/")
+    _operators_page(page, live_server, op)
     page.fill("#id_reconcile-reason", "the customer asks whether it went through")
     panel = _act_in_place(page, op, action="reconcile", button="Reconcile now", status="Succeeded")
 
@@ -110,8 +114,7 @@ def test_it_empties_the_reason_of_a_reconcile_that_went_through_and_keeps_other_
     # stays on the page.
     sandbox_fault_set(provider="payments", kind="http_500", match="*", times=10)
 
-    browser_sign_in(page, live_server, "operator")
-    page.goto(f"{live_server.url}/operations/{op.id}/")
+    _operators_page(page, live_server, op)
     page.fill("#id_resolve-evidence", "half-typed evidence")
     page.fill("#id_reconcile-reason", "the customer asks again")
     panel = _act_in_place(page, op, action="reconcile", button="Reconcile now", status="Unknown")
@@ -127,21 +130,34 @@ def test_it_empties_the_reason_of_a_reconcile_that_went_through_and_keeps_other_
     assert page.problems == []
 
 
-def test_it_records_no_outcome_when_enter_is_pressed_in_the_provider_reference(
+def test_it_records_no_outcome_on_enter_and_asks_before_failed_on_a_persons_word(
     live_server, transactional_db, acme_unknown, operator, page
 ):
     op = acme_unknown
-    browser_sign_in(page, live_server, "operator")
-    page.goto(f"{live_server.url}/operations/{op.id}/")
+    _operators_page(page, live_server, op)
     # An operator writing up a failed payment, about to look up the reference.
     page.fill("#id_resolve-evidence", "the bank shows no debit: nothing was paid")
     page.fill("#id_resolve-reason", "treasury checked the statement")
     page.focus("#id_resolve-provider_reference")
     page.keyboard.press("Enter")
-    # Then the button they meant: the form still works, and only that is recorded.
+    # Then the button they meant. With no provider reference to check, it asks first: a
+    # failed payment may be proposed again, and paid twice if this one went through.
+    asked: list[str] = []
+
+    def answer(dialog, *, accept: bool) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda dialog: answer(dialog, accept=False))
+    page.get_by_role("button", name="Resolve as failed").click()
+    page.wait_for_timeout(500)
+    op.refresh_from_db()
+    assert op.status == "unknown" and "paid twice" in asked[0]
+    page.once("dialog", lambda dialog: answer(dialog, accept=True))
     with page.expect_response(lambda r: r.url.endswith(f"/{op.id}/resolve")):
         page.get_by_role("button", name="Resolve as failed").click()
     expect(page.locator("#operation-panel .status").first).to_have_text("Failed")
+    assert len(asked) == 2
     op.refresh_from_db()
     assert (op.status, op.resolved_manually) == ("failed", True)
     assert list(AuditEvent.objects.filter(
@@ -154,8 +170,7 @@ def test_it_keeps_the_page_and_its_draft_when_the_operator_signs_out_in_another_
     live_server, transactional_db, acme_unknown, operator, page
 ):
     op = acme_unknown
-    browser_sign_in(page, live_server, "operator")
-    page.goto(f"{live_server.url}/operations/{op.id}/")
+    _operators_page(page, live_server, op)
     page.fill("#id_resolve-evidence", "pi_3 seen in the dashboard; amount and date match")
     page.focus("#id_resolve-evidence")
     other = page.context.new_page()

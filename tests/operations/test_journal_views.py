@@ -511,3 +511,15 @@ def test_it_puts_the_status_beside_the_id_in_the_journal_and_a_runs_effects(acme
         assert "<th>Operation</th><th>Status</th>" in html
         row = html[html.index(f"<code>{op.id}</code></a></td>"):]
         assert row.split("<td>", 2)[1].startswith('<span class="status status-not_started">')
+
+
+@pytest.mark.parametrize("who", ["approver", "auditor"])
+def test_it_tells_a_person_who_may_not_operate_who_settles_an_unknown(
+    request, who, acme_unknown
+):
+    """An Unknown pill and nothing to do, where a non-operator lands from a link; the
+    operators' queue says "(operators settle it)", the page said nothing."""
+    html = signed_in(request.getfixturevalue(who)).get(
+        f"/operations/{acme_unknown.id}/").content.decode()
+    assert "An operator on Acme Corp settles this" in html
+    assert "Reconcile now</button>" not in html

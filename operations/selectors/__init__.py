@@ -1,0 +1,66 @@
+"""Reads, always filtered by what the user may see."""
+
+from __future__ import annotations
+
+from operations.selectors.access import (
+    operation_for_user,
+    operations_for_user,
+    tenant_access_require,
+    tenant_ids_for_user,
+    tenant_perm_held,
+    tenants_for_user,
+)
+from operations.selectors.audit import AuditFilters, audit_action_names, audit_events_for_user
+from operations.selectors.dashboard import METRICS_WINDOW, dashboard_metrics
+from operations.selectors.journal import (
+    OperationFilters,
+    OperationLineage,
+    TimelineEntry,
+    keyset_page,
+    operation_lineage,
+    operation_superseded_by,
+    operation_timeline,
+    operations_journal,
+    related_pages_for_user,
+)
+from operations.selectors.queues import (
+    answers_for_review_for_user,
+    answers_held_for_review,
+    operations_disputed_queue,
+    operations_stuck_queue,
+    operations_unknown_count,
+    operations_unknown_queue,
+    webhooks_for_review_for_user,
+    webhooks_held_for_review,
+)
+
+__all__ = [
+    "METRICS_WINDOW",
+    "AuditFilters",
+    "OperationFilters",
+    "OperationLineage",
+    "TimelineEntry",
+    "answers_for_review_for_user",
+    "answers_held_for_review",
+    "audit_action_names",
+    "audit_events_for_user",
+    "dashboard_metrics",
+    "keyset_page",
+    "operation_for_user",
+    "operation_lineage",
+    "operation_superseded_by",
+    "operation_timeline",
+    "operations_disputed_queue",
+    "operations_for_user",
+    "operations_journal",
+    "operations_stuck_queue",
+    "operations_unknown_count",
+    "operations_unknown_queue",
+    "related_pages_for_user",
+    "tenant_access_require",
+    "tenant_ids_for_user",
+    "tenant_perm_held",
+    "tenants_for_user",
+    "webhooks_for_review_for_user",
+    "webhooks_held_for_review",
+]

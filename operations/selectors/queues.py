@@ -1,0 +1,101 @@
+"""What waits for a person: unknown, disputed and stuck operations, and provider reports
+and call answers held for review."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.utils import timezone
+
+from operations.models import Attempt, Evidence, Operation, OperationStatus, WebhookEvent
+from operations.selectors.access import operations_for_user, tenant_ids_for_user
+
+
+def operations_unknown_queue(user, *, limit: int = 100):
+    """The operators' queue: unknown operations, oldest first, with the last evidence."""
+    return _operations_waiting(
+        user, status=OperationStatus.UNKNOWN, order=("unknown_since", "id"), limit=limit
+    )
+
+
+def operations_disputed_queue(user, *, limit: int = 100):
+    """Disputed operations, on hold until a person resolves them: no lookup or event moves
+    them, so they wait in the operators' queue too, longest on hold first."""
+    return _operations_waiting(
+        user, status=OperationStatus.DISPUTED, order=("status_changed_at", "id"), limit=limit
+    )
+
+
+def operations_stuck_queue(user, *, limit: int = 100):
+    """In progress on a lease that ran out: the worker is gone, and the sweep turns each
+    unknown within seconds. Listed at all only while the beat is down or behind; then nobody
+    else would see them."""
+    return _operations_waiting(
+        user, status=OperationStatus.IN_PROGRESS, order=("lease_expires_at", "id"),
+        limit=limit, lease_expires_at__lte=timezone.now(),
+    )
+
+
+def _operations_waiting(
+    user, *, status: str, order: tuple[str, ...], limit: int, **conditions: Any
+):
+    last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
+    return list(
+        operations_for_user(user)
+        .filter(status=status, **conditions)
+        .select_related("tenant")
+        .annotate(
+            last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),
+        )
+        .order_by(*order)[:limit]
+    )
+
+
+def webhooks_held_for_review(
+    *, tenant_ids: list[int] | None = None, operation: Operation | None = None
+) -> QuerySet[WebhookEvent]:
+    """Provider events held for a person (they contradict what a person decided, or report an
+    effect that is not the approved one) that no person has answered yet: disputing or
+    resolving the operation does."""
+    return _held_of(WebhookEvent.objects.held_for_review(), tenant_ids, operation)
+
+
+def _held_of(held: QuerySet, tenant_ids: list[int] | None, operation: Operation | None):
+    if operation is not None:
+        held = held.filter(operation=operation)
+    if tenant_ids is not None:
+        held = held.filter(operation__tenant_id__in=tenant_ids)
+    return held
+
+
+def webhooks_for_review_for_user(user, *, limit: int = 100) -> list[WebhookEvent]:
+    """For the operators' queue: the contradicting events, newest first, with their
+    operation."""
+    return list(
+        webhooks_held_for_review(tenant_ids=tenant_ids_for_user(user))
+        .select_related("operation", "operation__tenant")
+        .order_by("-received_at")[:limit]
+    )
+
+
+def answers_held_for_review(
+    *, tenant_ids: list[int] | None = None, operation: Operation | None = None
+) -> QuerySet[Attempt]:
+    """Call answers that arrived too late to land and contradict the journal (held as an
+    event reporting the same would be), that no person has answered yet."""
+    return _held_of(Attempt.objects.held_for_review(), tenant_ids, operation)
+
+
+def answers_for_review_for_user(user, *, limit: int = 100) -> list[Attempt]:
+    """For the operators' queue: the contradicting late answers, newest first."""
+    return list(
+        answers_held_for_review(tenant_ids=tenant_ids_for_user(user))
+        .select_related("operation", "operation__tenant")
+        .order_by("-finished_at", "-id")[:limit]
+    )
+
+
+def operations_unknown_count(user) -> int:
+    """How many unknown operations the user may see (a range of the unknown partial index)."""
+    return operations_for_user(user).filter(status=OperationStatus.UNKNOWN).count()

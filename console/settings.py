@@ -7,6 +7,7 @@ import hmac
 import logging
 import math
 import os
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -86,6 +87,7 @@ INSTALLED_APPS = [
     "template_partials",
     "guardian",
     "csp",
+    "axes",
     "operations",
     "operations.sandbox",
     "approvals",
@@ -106,6 +108,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: it turns a refused sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -135,6 +139,8 @@ DATABASES["default"]["OPTIONS"].setdefault("options", "-c lock_timeout=10000")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
+    # First: a locked-out sign-in is refused before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -146,6 +152,19 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+
+# Guessing passwords: after LOGIN_FAILURE_LIMIT wrong ones for one username from one address,
+# that pair is refused for LOGIN_LOCKOUT_MINUTES, however right the next password (django-axes;
+# a success before the limit starts the count again). The address is the connection's: behind
+# a front server every sign-in comes from its address, so the lockout is then per username,
+# anyone's wrong guesses included; an admin lifts one with `manage.py axes_reset_username`.
+AXES_FAILURE_LIMIT = _int_env("LOGIN_FAILURE_LIMIT", "5")
+AXES_COOLOFF_TIME = timedelta(minutes=_int_env("LOGIN_LOCKOUT_MINUTES", "15"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Failures only: every success in a table of its own would grow without end, unread.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
@@ -281,6 +300,9 @@ LOGGING = {
     "loggers": {
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
+        # Its banner at every process start would be a second line on every command's
+        # stderr; its warnings (a failed sign-in, a lockout) still come through.
+        "axes.apps": {"level": "WARNING"},
         # Django's own handler for its loggers prints with DEBUG on, and the record then
         # reaches the root's handler too: every line twice under `make run`.
         "django": {"handlers": [], "propagate": True},

@@ -9,7 +9,6 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import Approval, ApprovalStatus
-from tests.factories import PASSWORD
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +32,7 @@ def test_it_sends_the_browser_to_sign_in_and_back_when_an_htmx_approve_finds_no_
     sign_in = client.get(target).content.decode()
     assert "You were signed out, so what you just sent was not done." in sign_in
     # Back from signing in: the page the approver was on, never a GET of the POST-only URL.
-    assert client.login(username="approver", password=PASSWORD)
+    client.force_login(approver)  # signs in again
     assert "/approve" not in target
     assert client.get(target, follow=True).status_code == 200
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
@@ -60,7 +59,7 @@ def test_it_returns_a_plain_approve_without_a_session_to_its_page_not_to_a_405(
     response = client.post(reverse("approvals:approve", args=[approval.id]), {"comment": "ok"},
                            HTTP_REFERER=f"http://testserver{detail}")
     assert response.status_code == 302
-    assert client.login(username="approver", password=PASSWORD)
+    client.force_login(approver)  # signs in again
     assert response["Location"].endswith("&not_done=1")
     next_url = response["Location"].split("next=", 1)[1].removesuffix("&not_done=1")
     back = client.get(unquote(next_url))

@@ -1,0 +1,66 @@
+"""Guessing passwords at the sign-in page: after LOGIN_FAILURE_LIMIT wrong ones for a
+username from one address, that pair is refused for a while, the right password included."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from tests.factories import PASSWORD
+
+pytestmark = pytest.mark.django_db
+
+ELSEWHERE = "203.0.113.9"
+
+
+def _sign_in(username: str, password: str, *, address: str = "127.0.0.1"):
+    client = Client(REMOTE_ADDR=address)
+    return client, client.post("/login/", {"username": username, "password": password})
+
+
+def _signed_in(client: Client) -> bool:
+    return "_auth_user_id" in client.session
+
+
+def test_it_pauses_a_username_after_five_wrong_passwords_from_one_address(approver, operator):
+    for _ in range(4):
+        client, response = _sign_in("approver", "guess")
+        assert response.status_code == 200 and not _signed_in(client)
+    client, response = _sign_in("approver", "guess")  # the fifth
+    assert response.status_code == 429
+
+    client, response = _sign_in("approver", PASSWORD)
+    assert response.status_code == 429 and not _signed_in(client)
+    page = response.content.decode()
+    assert "Too many wrong passwords for <strong>approver</strong>" in page
+    assert "paused for 15 minutes" in page
+    assert "Nothing you sent was done" in page and PASSWORD not in page
+
+    # Only that pair: another person here, and the same person elsewhere, sign in.
+    client, response = _sign_in("operator", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)
+    client, response = _sign_in("approver", PASSWORD, address=ELSEWHERE)
+    assert response.status_code == 302 and _signed_in(client)
+
+
+def test_it_starts_the_count_again_after_a_right_password(approver):
+    for _ in range(4):
+        _sign_in("approver", "guess")
+    client, response = _sign_in("approver", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)
+    for _ in range(4):
+        _sign_in("approver", "guess")
+    client, response = _sign_in("approver", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)
+
+
+def test_it_lets_an_admin_lift_a_pause_from_the_shell(approver):
+    for _ in range(5):
+        _sign_in("approver", "guess")
+    assert _sign_in("approver", PASSWORD)[1].status_code == 429
+    call_command("axes_reset_username", "approver", stdout=io.StringIO())
+    client, response = _sign_in("approver", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)

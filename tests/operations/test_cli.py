@@ -450,3 +450,47 @@ def test_it_exits_zero_with_the_outcome_when_execute_carries_the_effect_out(
     assert op.provider_calls == 1 and op.external_id == PaymentIntent.objects.get().id
     assert _run("execute", op.id).startswith("already_succeeded succeeded")
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_it_says_when_a_commands_intent_exists_already_and_supersedes_on_request(acme):
+    run = Run.objects.create(conversation_id="conv_cli", tenant=acme, workflow_name="pay",
+                             workflow_version=1, state_schema_version=1)
+    args = prepare_args(extra=("--run", run.id, "--command", "cmd_pay"))
+    first = _run(*args).strip()
+    Operation.objects.filter(id=first).update(status="cancelled")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("operations", *args, stdout=out, stderr=err)
+    # Its id again, never a second intent; and it says that this one is dead.
+    assert out.getvalue().strip() == first and Operation.objects.count() == 1
+    assert err.getvalue().strip() == (
+        f"{first} is already this command's intent, cancelled; nothing new was prepared "
+        "(a changed intent replaces it: --supersedes)"
+    )
+    # What that error told the operator to do, the command now can.
+    changed = _run(*prepare_args({**PAYMENT, "amount_minor": 1_300_000},
+                                 extra=("--run", run.id, "--command", "cmd_pay",
+                                        "--supersedes", first))).strip()
+    assert Operation.objects.get(id=changed).supersedes_id == first
+    with pytest.raises(CommandError, match="no operation 'op_ghost' in tenant acme"):
+        _run(*prepare_args(extra=("--supersedes", "op_ghost")))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_ends_quietly_when_the_reader_of_its_output_stops(acme):
+    from django.db import connection
+
+    for n in range(3):
+        prepared_payment(acme, invoice_id=f"inv_{n}")
+    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "DEBUG": "1"}
+    listing = subprocess.Popen(
+        [sys.executable, "manage.py", "operations", "list", "--status", "not_started",
+         "--limit", "1000"],
+        cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    # Closed before it writes, as `| head -1` is after its line: every write then fails, not
+    # only those past what the pipe's buffer took.
+    listing.stdout.close()
+    stderr = listing.stderr.read().decode()
+    assert listing.wait(timeout=60) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

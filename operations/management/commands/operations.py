@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
 from operations.intents import IntentError, intent_summary
@@ -108,6 +111,9 @@ class Command(BaseCommand):
         prepare.add_argument("--payload", required=True, help="the intent as a JSON object")
         prepare.add_argument("--run", default="", help="run id the intent belongs to")
         prepare.add_argument("--command", default="", dest="command_id", help="command id")
+        prepare.add_argument(
+            "--supersedes", default="", help="the operation this changed intent replaces"
+        )
 
         show = sub.add_parser("show", help="one operation and its attempts")
         show.add_argument("operation_id")
@@ -130,8 +136,15 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         _text_arguments_check(options)
         handler = getattr(self, f"_{options['subcommand']}")
-        with audit_actor_from_shell():
-            handler(options)
+        try:
+            with audit_actor_from_shell():
+                handler(options)
+            self.stdout.flush()  # here, not at exit, where a closed pipe cannot be caught
+        except BrokenPipeError:
+            # `operations list … | head`: the reader has what it wanted. Python would print
+            # a traceback, and another at exit flushing stdout into the closed pipe.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(141) from None  # as a shell reports a process ended by SIGPIPE
 
     def _prepare(self, options: dict[str, Any]) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -149,6 +162,16 @@ class Command(BaseCommand):
             run = Run.objects.filter(id=options["run"], tenant=tenant).first()
             if run is None:
                 raise CommandError(f"no run {options['run']!r} in tenant {tenant.slug}")
+        supersedes = None
+        if options["supersedes"]:
+            supersedes = Operation.objects.filter(
+                id=options["supersedes"], tenant=tenant
+            ).first()
+            if supersedes is None:
+                raise CommandError(
+                    f"no operation {options['supersedes']!r} in tenant {tenant.slug}"
+                )
+        started = timezone.now()
         try:
             op = operation_prepare(
                 tenant=tenant,
@@ -156,10 +179,20 @@ class Command(BaseCommand):
                 payload=payload,
                 run=run,
                 command_id=options["command_id"],
+                supersedes=supersedes,
             )
         except IntentError as exc:
             raise CommandError(f"intent refused: {exc}") from exc
         self.stdout.write(op.id)
+        if op.created_at < started:
+            # The run's command already has this very intent: its id again, never a second
+            # one. Said on stderr, with what became of it (a cancelled one stays cancelled).
+            self.stderr.write(
+                f"{op.id} is already this command's intent, {op.status}; nothing new was "
+                "prepared" + ("" if op.status != OperationStatus.CANCELLED else
+                              " (a changed intent replaces it: --supersedes)")
+            )
+            return
         if op.authorized_hash:
             # Said on stderr: stdout stays the bare id for scripts.
             self.stderr.write(

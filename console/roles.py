@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from django.contrib.auth.models import Group
 from django.db import transaction
-from guardian.shortcuts import assign_perm, remove_perm
+from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 
 from operations.intents import secret_in_text
 from operations.models import Role, Tenant, TenantRole
@@ -53,6 +53,7 @@ class ReasonRefused(ValueError):
 class RoleGranted(NamedTuple):
     permissions: list[str]
     already_held: bool
+    restored: list[str]  # of a role already held, the permissions it had lost meanwhile
 
 
 def _reason_check(reason: str) -> None:
@@ -78,25 +79,29 @@ def role_grant(
     *, user, role: str, tenant: Tenant, actor=None, reason: str = ""
 ) -> RoleGranted:
     """Record the role on this tenant, give its permissions there, and put the user in the
-    role's group. A role already held is given again (its permissions restored, should
-    they have been taken another way) but not recorded as a second grant."""
+    role's group. A role already held is not recorded as a second grant; permissions of it
+    taken another way meanwhile are given back, and that is recorded."""
     name = _role_name(role)
     _reason_check(reason)
     with transaction.atomic():
         group, _ = Group.objects.get_or_create(name=name)
         _, created = TenantRole.objects.get_or_create(user=user, tenant=tenant, role=name)
         user.groups.add(group)
-        granted = []
-        for codename in ROLE_PERMISSIONS[name]:
+        held = set(get_user_perms(user, tenant))
+        granted = list(ROLE_PERMISSIONS[name])
+        missing = [codename for codename in granted if codename not in held]
+        for codename in missing:
             assign_perm(f"operations.{codename}", user, tenant)
-            granted.append(codename)
-        if created:
+        if created or missing:
+            after: dict = {"role": name, "permissions": granted}
+            if not created:
+                after["restored"] = missing
             audit_event_record(
                 actor=actor, action="role.grant", tenant=tenant, object_type="user",
-                object_id=user.username, reason=reason,
-                after={"role": name, "permissions": granted},
+                object_id=user.username, reason=reason, after=after,
             )
-        return RoleGranted(granted, already_held=not created)
+        return RoleGranted(granted, already_held=not created,
+                           restored=[] if created else missing)
 
 
 def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = "") -> list[str]:

@@ -36,8 +36,8 @@ EMAIL_ADDRESS = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # Control characters: a line break in an invoice id forges a line in `operations list`, an
 # escape sequence rewrites an operator's terminal. Text inside params may hold tabs and line
 # breaks (a message's lines); a field shown on one line (an id, a name) holds none.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_LINE_BREAK = re.compile(r"[\t\n]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_LINE_BREAK = re.compile(r"[\t\n\r]")  # CR too: mail's own line end is CRLF
 # Deeper than this, an intent is no reference a person reviews, and encoding it ran out of
 # Python's stack at the insert (a traceback, not a refusal).
 MAX_INTENT_DEPTH = 32

@@ -5,6 +5,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
+from guardian.shortcuts import remove_perm
 
 from operations.models import AuditEvent, TenantRole
 from operations.services import audit_event_record
@@ -183,3 +184,18 @@ def test_it_records_a_role_already_held_once(acme):
     # Two grants with no revoke between them told an auditor something that never happened.
     assert AuditEvent.objects.filter(action="role.grant", object_id="dana").count() == 1
     assert dana.has_perm("operations.approve_intents", acme)
+
+
+@pytest.mark.django_db
+def test_it_records_permissions_a_second_grant_gives_back(acme):
+    dana = UserFactory(username="dana")
+    call_command("grant", "dana", "approver", "acme", stdout=io.StringIO())
+    remove_perm("operations.approve_intents", dana, acme)  # taken another way meanwhile
+    out = io.StringIO()
+    call_command("grant", "dana", "approver", "acme", stdout=out)
+    assert out.getvalue() == (
+        "dana already holds approver on acme: gave back approve_intents (recorded)\n"
+    )
+    assert type(dana).objects.get(pk=dana.pk).has_perm("operations.approve_intents", acme)
+    restored = AuditEvent.objects.filter(action="role.grant", object_id="dana").order_by("id")
+    assert [event.after.get("restored") for event in restored] == [None, ["approve_intents"]]

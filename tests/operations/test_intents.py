@@ -614,10 +614,16 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
         intent_validate(action=action, payload=payload)
 
 
-def test_it_keeps_the_lines_of_a_message_parameter():
-    params = {"body": "Dear Anna,\n\tthe invoice is paid.\n"}
+@pytest.mark.parametrize("body", [
+    "Dear Anna,\n\tthe invoice is paid.\n",
+    "Dear Anna,\r\nthe invoice is paid.\r\n",  # as mail software writes lines (RFC 5322)
+    "مرحبا 👋\u2028",
+])
+def test_it_keeps_the_lines_of_a_message_parameter(body):
     intent_validate(action="mail.send", payload={
-        "to": "anna@example.com", "template": "note", "params": params})
+        "to": "anna@example.com", "template": "note", "params": {"body": body}})
+    with pytest.raises(IntentError, match="invoice_id must be one line"):
+        intent_validate(action="payments.create", payload={**PAYMENT, "invoice_id": "inv\r1"})
 
 
 def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():

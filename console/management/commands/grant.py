@@ -48,7 +48,11 @@ class Command(BaseCommand):
         except (UnknownRole, RoleNotHeld, ReasonRefused) as exc:
             raise CommandError(str(exc)) from None
         if granted.already_held:
-            self.stdout.write(f"{username} already holds {role} on {tenant}: nothing recorded")
+            self.stdout.write(
+                f"{username} already holds {role} on {tenant}: "
+                + (f"gave back {', '.join(granted.restored)} (recorded)" if granted.restored
+                   else "nothing recorded")
+            )
             return
         self.stdout.write(
             f"granted {role} on {tenant} to {username}: {', '.join(granted.permissions)}"

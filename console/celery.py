@@ -17,6 +17,13 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+def broker_connection_check(*, timeout: float) -> None:
+    """Connect to the broker once, within `timeout`; raises when it cannot be reached. One
+    attempt: kombu's default retries would take far longer than any probe waits."""
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=timeout)
+
+
 @app.on_configure.connect
 def _settings_first(sender, **kwargs) -> None:
     """The worker and beat read the settings first here: a bad value is one line, not a

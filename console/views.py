@@ -24,7 +24,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from approvals.selectors import approvals_waiting
-from console.celery import app as celery_app
+from console.celery import broker_connection_check
 from console.forms import AuditFilterForm
 from operations.htmx import page_render
 from operations.selectors import (
@@ -88,8 +88,7 @@ def _database_ok() -> bool:
 
 def _broker_ok() -> bool:
     try:
-        with celery_app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
+        broker_connection_check(timeout=2)
         return True
     except Exception:  # noqa: BLE001
         return False

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from console.celery import app as celery_app
+from console.celery import broker_connection_check
 from console.tasks import ping
 
 
@@ -16,8 +16,7 @@ class Command(BaseCommand):
         # The broker first, once: a broker that is down made the wait below retry its
         # connection for about 20 s, whatever the timeout, and then blame the workers.
         try:
-            with celery_app.connection_for_write() as conn:
-                conn.ensure_connection(max_retries=1, timeout=timeout)
+            broker_connection_check(timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - any failure means "unreachable"
             raise CommandError(f"the broker is unreachable: {exc}") from None
         try:

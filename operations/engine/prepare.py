@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +18,7 @@ from operations.engine.core import (
 )
 from operations.ids import new_id
 from operations.intents import (
+    IDENTIFIER,
     IntentError,
     idempotency_key_for,
     intent_canonical,
@@ -36,9 +36,6 @@ from operations.models import (
 from operations.policy import policy_for, policy_version_current
 from operations.services import audit_event_record
 from operations.signals import operation_prepared
-
-# A run's command, as the workflow runtime names it (cmd_…).
-_COMMAND_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 
 def operation_prepare(
@@ -69,7 +66,7 @@ def operation_prepare(
     if len(command_id) > limit:
         # The caller's mistake, said as one: not a database error deep in the insert.
         raise IntentError(f"command id is longer than {limit} characters")
-    if command_id and not _COMMAND_ID.fullmatch(command_id):
+    if command_id and not IDENTIFIER.fullmatch(command_id):
         # Journaled and shown as it is, on the operation's page and by `operations show`.
         raise IntentError("command id must be an id: letters, digits and _ . : - only")
     if secret_in_text(command_id):

@@ -24,6 +24,7 @@ from operations.intents.display import (
 )
 from operations.intents.validation import (
     DEAL_PATCH_FIELDS,
+    IDENTIFIER,
     MAX_INTENT_BYTES,
     SCHEMAS,
     Field,
@@ -36,6 +37,7 @@ from operations.intents.validation import (
 
 __all__ = [
     "DEAL_PATCH_FIELDS",
+    "IDENTIFIER",
     "MAX_INTENT_BYTES",
     "SCHEMAS",
     "DiffRow",

@@ -27,8 +27,10 @@ class Field:
 
 
 CURRENCY_CODE = re.compile(r"^[A-Z]{3}$")
-# A provider's id (deal_…): it becomes one segment of the provider's URL.
-_PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}")
+# An id as providers and the workflow runtime write them (deal_…, cmd_…): safe as one segment
+# of a URL and shown as it is. Bounded by the caller: a deal id to 120, a command id by its
+# column.
+IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 # An intent names an effect and its references, never a document: past this, a person could
 # not review it on an approval card, and scanning it for card data would cost seconds.
 MAX_INTENT_BYTES = 32 * 1024
@@ -296,7 +298,7 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     if action == Action.MAIL_SEND and not EMAIL_ADDRESS.match(payload["to"]):
         raise IntentError(f"{action}: to must be an email address")
     if action == Action.CRM_UPDATE_DEAL:
-        if not _PROVIDER_ID.fullmatch(payload["target"]):
+        if len(payload["target"]) > 120 or not IDENTIFIER.fullmatch(payload["target"]):
             raise IntentError(
                 f"{action}: target must be the deal's id (letters, digits and _ . : - only)"
             )

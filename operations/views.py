@@ -85,21 +85,21 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     return page_render(request, "operations/list.html", context, partial="rows")
 
 
+def _summarized(ops: list[Operation]) -> list[tuple[Operation, str]]:
+    """Queue rows: each operation with its masked one-line intent."""
+    return [(op, intent_summary(action=op.action, payload=op.payload)) for op in ops]
+
+
 @require_GET
 def operation_unknown(request: HttpRequest) -> HttpResponse:
     queue = operations_unknown_queue(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    rows = [(op, intent_summary(action=op.action, payload=op.payload)) for op in queue]
+    rows = _summarized(queue)
     # Only a full page can have more behind it; then say how many wait in all.
     total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
     held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
     held_answers = answers_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    disputed, stuck = (
-        [(op, intent_summary(action=op.action, payload=op.payload)) for op in queue]
-        for queue in (
-            operations_disputed_queue(request.user, limit=UNKNOWN_QUEUE_SIZE),
-            operations_stuck_queue(request.user, limit=UNKNOWN_QUEUE_SIZE),
-        )
-    )
+    disputed = _summarized(operations_disputed_queue(request.user, limit=UNKNOWN_QUEUE_SIZE))
+    stuck = _summarized(operations_stuck_queue(request.user, limit=UNKNOWN_QUEUE_SIZE))
     # An auditor reads the same queue; it must not tell them to do what they may not.
     may_operate = tenants_for_user(request.user, "operate_operations").exists()
     return render(request, "operations/unknown.html", {

@@ -30,6 +30,12 @@ def _printable(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
+def _said(report: Any) -> str:
+    """An execute or reconcile report as one line: outcome, status, and why."""
+    detail = f" ({_printable(report.detail)})" if report.detail else ""
+    return f"{report.outcome} {report.status}{detail}"
+
+
 def _text_arguments_check(options: dict[str, Any]) -> None:
     """An argument that is not UTF-8 (a stray byte in a pasted id) reached the database
     driver as a lone surrogate and raised there, a traceback."""
@@ -233,8 +239,7 @@ class Command(BaseCommand):
                 f"awaiting_authorization {report.status}: {op.id} has no approval to run; "
                 "nothing was called (approve it in the approval queue first)"
             )
-        said = f"{report.outcome} {report.status}" + (
-            f" ({_printable(report.detail)})" if report.detail else "")
+        said = _said(report)
         if report.status not in EFFECT_DONE:
             # Cancelled (the approval ran out), unknown, failed, held by another worker: a
             # runbook's `&& next step` must not go on as if the effect had happened.
@@ -247,10 +252,7 @@ class Command(BaseCommand):
             report = operation_reconcile(operation_id=op.id, reason=options["reason"])
         except EngineError as exc:
             raise CommandError(f"reconcile refused: {exc}") from exc
-        self.stdout.write(
-            f"{report.outcome} {report.status}"
-            + (f" ({_printable(report.detail)})" if report.detail else "")
-        )
+        self.stdout.write(_said(report))
         if report.may_call_again:
             # A thin wrapper runs nothing it was not asked to: it says what comes next.
             self.stdout.write(

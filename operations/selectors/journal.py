@@ -112,6 +112,23 @@ class TimelineEntry:
     detail: str = ""
     actor: str = ""
     status: str = ""
+    code: str = ""  # an audit event's action, as the audit trail and its filter name it
+
+
+# What each audited action on an operation was, in a person's words; the code stays beside
+# it, since the audit trail is filtered by code.
+_AUDIT_TITLES = {
+    "operation.prepare": "Intent recorded",
+    "operation.authorize": "Approval recorded for this payload hash",
+    "operation.reconcile": "Reconcile asked for by a person",
+    "operation.resolve_succeeded": "Resolved as succeeded by a person",
+    "operation.resolve_failed": "Resolved as failed by a person",
+    "operation.resolve_succeeded_refused": "Resolution as succeeded refused",
+    "operation.resolve_failed_refused": "Resolution as failed refused",
+    "operation.dispute": "Marked disputed",
+    "operation.cancel": "Cancelled",
+    "operation.view_unmasked": "Unmasked intent viewed",
+}
 
 
 _REFERENCE_OUTCOMES = {
@@ -213,9 +230,10 @@ def operation_timeline(op) -> list[TimelineEntry]:
         entry = TimelineEntry(
             at=event.created_at,
             kind="audit",
-            title=f"Audit {event.action}",
+            title=_AUDIT_TITLES.get(event.action, "Audit event"),
             detail=event.reason,
             actor=event.actor_username or "system",
+            code=event.action,
         )
         keyed.append(((event.created_at, 3, event.id), entry))
     keyed.sort(key=lambda pair: pair[0])

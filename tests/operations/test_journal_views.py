@@ -247,9 +247,10 @@ def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, appro
     )
     html = signed_in(approver).get(f"/operations/{old.id}/").content.decode()
     assert f'href="/operations/{new.id}/"' in html  # superseded by
-    assert "Audit operation.prepare" in html
+    # In a person's words, with the code the audit trail is filtered by beside it.
+    assert 'Intent recorded</strong> <code class="muted">operation.prepare</code>' in html
     assert f"superseded by {new.id}" in html
-    assert html.index("Audit operation.prepare") < html.index(f"superseded by {new.id}")
+    assert html.index("Intent recorded") < html.index(f"superseded by {new.id}")
     html = signed_in(approver).get(f"/operations/{new.id}/").content.decode()
     assert f'href="/operations/{old.id}/"' in html  # supersedes
     assert Evidence.objects.filter(operation=old, kind=EvidenceKind.TRANSITION).exists()

@@ -42,7 +42,10 @@ def test_it_resolves_an_unknown_operation_with_evidence_and_audit(acme_unknown, 
     assert "verified" not in evidence.data
     page = client.get(f"/operations/{op.id}/").content.decode()
     assert "Resolved as succeeded." in page
-    assert "Audit operation.resolve_succeeded" in page
+    assert (
+        'Resolved as succeeded by a person</strong> <code class="muted">'
+        "operation.resolve_succeeded</code>" in page
+    )
 
 
 @pytest.mark.django_db

@@ -137,6 +137,9 @@ class Operation(models.Model):
             models.Index(fields=["status", "-id"], name="op_status_id"),
             models.Index(fields=["run", "-id"], name="op_run_id"),
             models.Index(fields=["action", "-id"], name="op_action_id"),
+            # The dashboard's counts by status: an index-only scan of a tenant's entries
+            # instead of reading every row of a million-row journal.
+            models.Index(fields=["tenant", "status"], name="op_tenant_status"),
             # Queues: the operators' unknown queue and the sweep's expired leases.
             models.Index(
                 fields=["unknown_since"], condition=models.Q(status=OperationStatus.UNKNOWN),

@@ -147,7 +147,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     query.pop("before", None)
     context = {
         "form": form,
-        "action_names": audit_action_names(),
+        "action_names": audit_action_names(request.user),
         "events": events,
         "next_cursor": next_cursor,
         "query": query.urlencode(),

@@ -89,6 +89,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["tenant", "-id"], name="audit_tenant_id"),
             models.Index(fields=["object_type", "object_id"], name="audit_object"),
             models.Index(fields=["action", "-id"], name="audit_action_id"),
+            # The filter's suggestions: the names on the part of the trail a user reads.
+            models.Index(fields=["tenant", "action"], name="audit_tenant_action"),
         ]
 
     def __str__(self) -> str:

@@ -44,21 +44,30 @@ def audit_events_for_user(
     return qs.select_related("tenant").order_by("-id")
 
 
-def audit_action_names() -> list[str]:
-    """Every action name on the trail, for the filter's suggestions. Names come from the
-    code, not from any tenant's data. A skip scan over the (action, id) index: one probe per
-    distinct name, not a pass over the whole trail."""
+def audit_action_names(user, perm: str = "view_audit") -> list[str]:
+    """The action names on the part of the trail the user may read, for the filter's
+    suggestions: a name only another tenant's events carry would tell of what happened
+    there. A skip scan over the (tenant, action) index per tenant: one probe per distinct
+    name, not a pass over the trail."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            WITH RECURSIVE names(action) AS (
-                (SELECT action FROM operations_auditevent ORDER BY action LIMIT 1)
-                UNION ALL
-                SELECT (SELECT a.action FROM operations_auditevent a
-                        WHERE a.action > names.action ORDER BY a.action LIMIT 1)
-                FROM names WHERE names.action IS NOT NULL
-            )
-            SELECT action FROM names WHERE action IS NOT NULL
-            """
+            SELECT DISTINCT found.action
+            FROM unnest(%s::bigint[]) AS tenant(id)
+            CROSS JOIN LATERAL (
+                WITH RECURSIVE names(action) AS (
+                    (SELECT action FROM operations_auditevent
+                     WHERE tenant_id = tenant.id ORDER BY action LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT a.action FROM operations_auditevent a
+                            WHERE a.tenant_id = tenant.id AND a.action > names.action
+                            ORDER BY a.action LIMIT 1)
+                    FROM names WHERE names.action IS NOT NULL
+                )
+                SELECT action FROM names WHERE action IS NOT NULL
+            ) AS found
+            ORDER BY 1
+            """,
+            [tenant_ids_for_user(user, perm)],
         )
         return [row[0] for row in cursor.fetchall()]

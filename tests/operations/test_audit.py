@@ -193,6 +193,25 @@ def test_it_helps_an_auditor_filter_by_name_case_and_time(trail, auditor, acme):
 
 
 @pytest.mark.django_db
+def test_it_suggests_only_the_action_names_on_the_trail_the_user_reads(
+    trail, globex, auditor, other_tenant_user
+):
+    # Only globex's trail names these: suggesting them to acme's auditor would tell them
+    # that someone there unmasked an approval and had a resolution refused.
+    for action in ("approval.view_unmasked", "operation.resolve_failed_refused"):
+        audit_event_record(actor=other_tenant_user, action=action, tenant=globex,
+                           object_type="operation", object_id="op_globex")
+    client = Client()
+    client.force_login(auditor)
+    html = client.get("/audit/").content.decode()
+    suggestions = html[html.index('<datalist id="audit-actions">'):]
+    suggestions = suggestions[:suggestions.index("</datalist>")]
+    assert '"intent.approve"' in suggestions and '"intent.reject"' in suggestions
+    assert "approval.view_unmasked" not in html
+    assert "operation.resolve_failed_refused" not in html
+
+
+@pytest.mark.django_db
 def test_it_pages_by_key_and_renders_the_rows_partial_for_htmx(trail, auditor, monkeypatch):
     monkeypatch.setattr("console.views.AUDIT_PAGE_SIZE", 2)
     client = Client()

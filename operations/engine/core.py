@@ -215,7 +215,9 @@ class HeldReports:
     answers: list[int]
 
     def names(self) -> list[str]:
-        return [*self.events, *(f"the answer to call {number}" for number in self.answers)]
+        # "Attempt", as the timeline numbers them: a held answer is a late call's, or a
+        # lookup's that found a second effect.
+        return [*self.events, *(f"the answer to attempt {number}" for number in self.answers)]
 
 
 def held_reports(operation_id: str) -> HeldReports:

@@ -35,7 +35,7 @@ from operations.engine.core import (
     worker_name,
 )
 from operations.engine.prepare import authorization_problem
-from operations.engine.webhooks import webhook_events_decide_kept
+from operations.engine.webhooks import provider_report_held, webhook_events_decide_kept
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -213,6 +213,8 @@ def _record_lookup(
 
     if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:
         to = LOOKUP_STATUS[found.status]
+        if _another_object_recorded(op, found):
+            return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
         if to == S.ACCEPTED and found.waits_on:
             return _left_waiting_on_someone_else(
                 op, found, data=data, actor=actor, calls_before=calls_before
@@ -233,10 +235,12 @@ def _record_lookup(
         }
         if to == S.FAILED:
             fields.update(error_code="provider_failed", error_message=found.reason)
-        _transition_deciding_kept(
+        won = _transition_deciding_kept(
             op,
             to=to,
             sources={op.status},
+            # A provider event may record its object while this lookup is on its way.
+            extra=_no_other_object(found),
             evidence_kind=EvidenceKind.LOOKUP,
             summary=f"provider lookup ({found.method}) found {found.external_id}: {found.status}",
             data=data,
@@ -244,6 +248,8 @@ def _record_lookup(
             actor=actor,
         )
         op.refresh_from_db()
+        if not won and _another_object_recorded(op, found) and outcome_open(op):
+            return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
     if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
@@ -369,7 +375,8 @@ def _record_lookup(
         # The provider can no longer tell us (a key past its retention, say): it is a
         # person's now, in the operators' queue, not an accepted row nobody looks at.
         transition(
-            op, to=S.UNKNOWN, sources={S.ACCEPTED}, extra=Q(provider_calls=calls_before),
+            op, to=S.UNKNOWN, sources={S.ACCEPTED},
+            extra=Q(provider_calls=calls_before) & _no_other_object(found),
             evidence_kind=EvidenceKind.LOOKUP,
             summary="the final answer can no longer be looked up "
             f"({found.reason or found.outcome}); a person decides",
@@ -392,6 +399,46 @@ def _record_lookup(
         data=data, actor=actor, next_reconcile_at=retry_at,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+
+
+def _no_other_object(found: LookupResult) -> Q:
+    """The operation records no object, or the one the lookup found."""
+    return Q(external_id__in=["", found.external_id]) if found.external_id else Q()
+
+
+def _another_object_recorded(op: Operation, found: LookupResult) -> bool:
+    return bool(found.external_id and op.external_id and op.external_id != found.external_id)
+
+
+def _another_object_found(
+    op: Operation, attempt: Attempt, found: LookupResult, *, to: str, data: dict[str, Any],
+    actor: AbstractUser | None,
+) -> ReconcileReport:
+    """The lookup (a search, which began before the operation knew its object) found another
+    object than the one a provider event recorded meanwhile. Never put in its place: if the
+    found one moved money too, one intent has two effects, held for a person as the same
+    report by webhook is, so nothing calls again or replaces the intent until they decide;
+    if not, the recorded object is what the next lookup follows, by its id."""
+    with transaction.atomic():
+        locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
+        why = provider_report_held(locked, external_id=found.external_id, target=to, mismatch="")
+        seen = (
+            f"provider lookup ({found.method}) found {found.external_id}: {found.status}, "
+            f"not {locked.external_id}, which the operation records"
+        )
+        if why:
+            Attempt.objects.filter(id=attempt.id).update(needs_review=True, review_note=why[:500])
+            summary = f"{seen}; held for review: {why}"
+        else:
+            summary = f"{seen}; the next lookup follows {locked.external_id}"
+        Evidence.objects.create(
+            operation=locked, kind=EvidenceKind.LOOKUP, from_status=locked.status,
+            to_status=locked.status, summary=summary, data=data, actor=actor,
+        )
+    op.refresh_from_db()
+    return ReconcileReport(
+        op.id, "found", op.status, f"found {found.external_id}, not the recorded {op.external_id}"
+    )
 
 
 def _transition_deciding_kept(op: Operation, **transition_args: Any) -> bool:
@@ -423,7 +470,8 @@ def _left_waiting_on_someone_else(
     }
     if op.status == S.ACCEPTED:
         transition(
-            op, to=S.UNKNOWN, sources={S.ACCEPTED}, extra=Q(provider_calls=calls_before),
+            op, to=S.UNKNOWN, sources={S.ACCEPTED},
+            extra=Q(provider_calls=calls_before) & _no_other_object(found),
             evidence_kind=EvidenceKind.LOOKUP, summary=summary, data=data, fields=fields,
             actor=actor,
         )
@@ -452,8 +500,11 @@ def _lookup_noted(
     still the one looked up and no call was made since the lookup began: that call's own
     schedule stands."""
     with transaction.atomic():
+        found_object = (fields or {}).get("external_id")
         Operation.objects.filter(
-            id=op.id, status=op.status, provider_calls=calls_before
+            # Nor another object than the one found, recorded by an event meanwhile.
+            Q(external_id__in=["", found_object]) if found_object else Q(),
+            id=op.id, status=op.status, provider_calls=calls_before,
         ).update(**{**(fields or {}), "next_reconcile_at": next_reconcile_at})
         Evidence.objects.create(
             operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,

@@ -173,7 +173,7 @@ def test_it_refuses_to_supersede_an_intent_with_a_held_answer(acme, approver):
     engine.operation_cancel(operation_id=op.id, actor=None, reason="the agent changed its mind")
     held_answer(op)
 
-    with pytest.raises(IntentError, match="the answer to call 1"):
+    with pytest.raises(IntentError, match="the answer to attempt 1"):
         engine.operation_prepare(
             tenant=acme, action="payments.create", supersedes=op,
             payload={**PAYMENT, "amount_minor": PAYMENT["amount_minor"] + 1},

@@ -25,7 +25,7 @@ from operations.sandbox.services import (
     sandbox_webhooks_deliver,
 )
 from operations.selectors import operations_unknown_queue, webhooks_held_for_review
-from tests.helpers import wait_for
+from tests.helpers import signed_in, wait_for
 from tests.operations.engine_helpers import (
     PAYMENT,
     async_payment,
@@ -514,3 +514,61 @@ def test_it_holds_a_payment_under_way_reported_after_the_provider_refused_the_ca
     assert (op.status, op.external_id) == (S.FAILED, "")
     assert op.provider_calls == 1
     assert PaymentIntent.objects.filter(metadata__invoice_id=PAYMENT["invoice_id"]).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("found_declined", "held"), [
+    (False, True),  # the one the lookup found succeeded too: two payments, one intent
+    (True, False),  # it was declined: the one under way is the operation's effect
+])
+def test_it_keeps_the_payment_an_event_recorded_while_a_lookup_found_another(
+    acme, approver, operator, sandbox, settings, monkeypatch, found_declined, held
+):
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    metadata = {"operation_id": op.id, "tenant": acme.slug}
+    amount, currency = PAYMENT["amount_minor"], PAYMENT["currency"].lower()
+    # Two payments carry the operation: one made long enough ago for the provider's search
+    # to see it, and one still under way that its search has not caught up with.
+    found = sandbox_payment_create(amount=amount, currency=currency, metadata=metadata,
+                                   confirm=True, declined=found_declined)
+    PaymentIntent.objects.filter(id=found["id"]).update(
+        created_at=timezone.now() - timedelta(minutes=10))
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = amount
+    under_way = sandbox_payment_create(amount=amount, currency=currency, metadata=metadata,
+                                       confirm=True)
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    # The provider's event about the one under way lands while the lookup is on its way.
+    adapter = engine.core.adapter(op.action)
+    search = adapter.lookup
+
+    def lookup_overtaken_by_the_event(snapshot):
+        result, _ = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_under_way", event_type="payment_intent.processing",
+            operation_id=op.id, external_id=under_way["id"], status=CallOutcome.ACCEPTED,
+            data=under_way))
+        assert result == "applied"
+        return search(snapshot)
+
+    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
+
+    engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    # Never swapped for the one the search found, and never closed by it.
+    assert (op.status, op.external_id) == (S.ACCEPTED, under_way["id"])
+    lookup = op.attempts.get(kind="lookup")
+    assert lookup.external_id == found["id"] and lookup.needs_review is held
+    assert engine.core.held_reports(op.id).answers == ([lookup.number] if held else [])
+    if held:
+        assert lookup.review_note == (
+            f"the provider reports a second effect, {found['id']} (succeeded), carrying "
+            f"{op.id}, which records {under_way['id']}; a person decides")
+        page = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+        assert f"Lookup {lookup.number} found <code>{found['id']}</code>" in page
+        queue = signed_in(operator).get("/operations/unknown/").content.decode()
+        assert f"What lookup {lookup.number} found: <code>{found['id']}</code>" in queue
+    else:
+        assert op.evidence.last().summary.endswith(f"the next lookup follows {under_way['id']}")
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert PaymentIntent.objects.count() == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,16 +104,52 @@ class SignedEvent:
     body: dict[str, Any]
 
 
+def _constant_refused(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400 reads as inf, which jsonb refuses
+        raise ValueError(f"{text} is out of range")
+    return number
+
+
+def _storable(value: Any) -> bool:
+    """Whether PostgreSQL takes every string in it (in text and jsonb): no NUL, and no lone
+    surrogate ("\\ud800", which json.loads lets through and UTF-8 cannot encode). Walked
+    without recursion: the body's nesting is the sender's choice."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return False
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
+
+
 def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
     """The common envelope `{"id", "type", "created", "data": {"object": …}}` of a body whose
     signature was already verified. Signed but malformed is refused like a bad signature:
-    it is not ours to interpret."""
+    it is not ours to interpret. So is one the journal could not store (NaN, a NUL, nesting
+    deeper than the parser goes): answered 400, not 500, which a provider retries for days."""
     try:
-        event = json.loads(body)
+        event = json.loads(body, parse_constant=_constant_refused, parse_float=_finite_float)
         obj = event["data"]["object"]
         event_id = event["id"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise WebhookSignatureError(f"signed body is not a {what} event") from None
+    if not _storable(event):
+        raise WebhookSignatureError(f"signed {what} event holds text no database can store")
     if not isinstance(obj, dict):
         raise WebhookSignatureError(f"signed body is not a {what} event")
     # The id is what deduplicates: a null or empty one, stored once, would make every later

@@ -357,10 +357,24 @@ def test_it_fails_a_pending_payment_on_stripes_canceled_event_without_calling_ag
         b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_1"}}}}',
         b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
         b'"data": {"object": {"id": "pi_' + b"1" * 120 + b'"}}}',
+        # Python's json reads these; PostgreSQL's text and jsonb refuse them.
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "amount": NaN}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "amount": 1e400}}}',
+        b'{"id": "evt_1\\u0000", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1"}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "metadata": {"operation_id": "op_\\u0000"}}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"id": "pi_1", "currency": "\\ud800"}}}',
+        b'{"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, '
+        b'"data": {"object": {"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}}",
     ],
     ids=["not-json", "not-an-object", "no-id", "null-id", "empty-id", "no-data",
          "object-not-an-object", "metadata-not-an-object", "id-too-long", "type-too-long",
-         "object-id-too-long"],
+         "object-id-too-long", "nan", "infinite", "nul-in-id", "nul-in-metadata",
+         "lone-surrogate", "nested-past-the-parser"],
 )
 def test_it_answers_400_and_stores_nothing_for_a_signed_body_that_is_not_an_event(
     client, settings, body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -116,7 +117,7 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         else ""
     )
     held = provider_report_held(
-        op, external_id=facts.external_id, target=target, mismatch=mismatch
+        op, external_id=facts.external_id, target=target, mismatch=mismatch, event=facts
     )
     # An event that moves nothing is kept on the timeline; a "held" one is also shown to
     # operators until a person disputes or resolves the operation.
@@ -174,11 +175,12 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
 
 
 def provider_report_held(
-    op: Operation, *, external_id: str, target: str | None, mismatch: str
+    op: Operation, *, external_id: str, target: str | None, mismatch: str,
+    event: WebhookFacts | None = None,
 ) -> str:
     """Why what the provider reports about `op` is for a person, or "" when it is not: an
-    event, or a call's answer that arrived too late to land (`target`: the status it
-    reports; `mismatch`: how its object differs from the approved effect). Read under the
+    event (`event`), or a call's answer that arrived too late to land (`target`: the status
+    it reports; `mismatch`: how its object differs from the approved effect). Read under the
     operation's row lock."""
     other_object = bool(external_id and op.external_id and external_id != op.external_id)
     # Another object than the one recorded that moved money (or is moving it): one intent,
@@ -217,7 +219,7 @@ def provider_report_held(
         # It names this operation but its object is not the approved effect (another sum):
         # applying its status would settle the operation with it.
         return f"{mismatch}; {op.id} stays {op.status}, a person decides"
-    if target is not None and _outcome_contradicted(op, target):
+    if target is not None and _outcome_contradicted(op, target, event=event):
         # The journal closed it (the provider refused it, or lookups proved it never done),
         # and the provider now reports the effect: no reordering of events explains that.
         return (
@@ -262,10 +264,13 @@ def webhook_events_decide_kept(*, op_id: str) -> None:
         )
 
 
-def _outcome_contradicted(op: Operation, target: str) -> bool:
-    """Whether an event's outcome contradicts a closed one rather than trailing it. A late
-    "processing" after the failure of that same object is only out of order; "succeeded"
-    after it is money that moved after all (a payment retried at the provider). Anything
+def _outcome_contradicted(op: Operation, target: str, *, event: WebhookFacts | None) -> bool:
+    """Whether an event's outcome contradicts a closed one rather than trailing it. A
+    "processing" after the failure of that same object is only out of order when the
+    provider made it before the failure (a call's late answer always was); made after it,
+    or at a time it does not say, the payment was confirmed again (a failed PaymentIntent
+    takes another payment method) and money is moving. "Succeeded" after it is money that
+    moved after all. Anything
     under way on an operation closed as never done is an effect the lookups did not see; so
     it is on one waiting to be called, never called yet or proven absent so far (a search
     that lagged past its window, or an effect made outside the console with this operation's
@@ -273,10 +278,26 @@ def _outcome_contradicted(op: Operation, target: str) -> bool:
     too: a payment under way for it is not trailing that failure, and left unheld, the
     failed intent's replacement would pay a second time once it settles."""
     if op.status == S.FAILED and op.external_id:
+        if target == S.ACCEPTED and event is not None:
+            return not _made_before_the_failure(op, event.created_at)
         return target == S.SUCCEEDED
     if op.status in (S.FAILED, S.CANCELLED, S.NOT_STARTED):
         return target in (S.SUCCEEDED, S.ACCEPTED)
     return False
+
+
+def _made_before_the_failure(op: Operation, created_at: datetime | None) -> bool:
+    """Whether the provider made an event about a failed operation's object before the
+    failure: by the time the provider gave its failure event, when one failed it (both on
+    the provider's clock), else the time the journal recorded the failure, which is after
+    the provider's."""
+    if created_at is None:
+        return False
+    failed_at = WebhookEvent.objects.filter(
+        operation_id=op.id, applied=True, reported_status=S.FAILED,
+        external_id=op.external_id, provider_created_at__isnull=False,
+    ).order_by("-provider_created_at").values_list("provider_created_at", flat=True).first()
+    return created_at < (failed_at or op.status_changed_at)
 
 
 def _webhook_evidence(

@@ -190,9 +190,11 @@ def test_it_tells_a_contradicted_outcome_from_a_late_event(acme, closed, reporte
     op = prepared_payment(acme)
     Operation.objects.filter(id=op.id).update(status=closed, external_id="pi_1")
 
+    # Each event made by the provider before the journal closed the operation.
     outcome, _ = webhook_apply(provider="payments", facts=WebhookFacts(
         event_id=f"evt_{closed}_{reported}", event_type="payment_intent.x", operation_id=op.id,
-        external_id="pi_1", status=CallOutcome(reported)))
+        external_id="pi_1", status=CallOutcome(reported),
+        created_at=op.status_changed_at - timedelta(minutes=1)))
 
     op.refresh_from_db()
     assert (outcome, op.status) == (result, closed)

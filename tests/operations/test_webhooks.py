@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -20,7 +21,12 @@ from operations.models import Attempt, Operation, OperationStatus, WebhookEvent
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.services import sandbox_fault_set
 from tests.helpers import signed_in
-from tests.operations.engine_helpers import async_payment, authorized_payment, executing_in_flight
+from tests.operations.engine_helpers import (
+    async_payment,
+    authorized_payment,
+    executing_in_flight,
+    replaced_and_run,
+)
 from tests.operations.failure_helpers import payment_posts
 
 S = OperationStatus
@@ -69,6 +75,44 @@ def test_it_ignores_a_late_event_that_arrives_out_of_order(acme, approver, provi
     assert WebhookEvent.objects.filter(operation=op).count() == 2
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
     assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("made", "held"), [
+    (-timedelta(seconds=5), False),  # before the failure: only out of order
+    (timedelta(minutes=10), True),  # after it: the payment was confirmed again
+    (None, True),  # the provider did not say when: a person looks
+])
+def test_it_holds_a_payment_under_way_again_after_it_failed_unless_made_before_the_failure(
+    acme, approver, providers, live_server, made, held
+):
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+
+    op = async_payment(acme, approver)
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="failed")
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    op.refresh_from_db()
+    assert op.status == S.FAILED
+    failed_at = WebhookEvent.objects.get(
+        operation=op, event_type="payment_intent.payment_failed").provider_created_at
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_processing", event_type="payment_intent.processing", operation_id=op.id,
+        external_id=op.external_id, status=CallOutcome.ACCEPTED,
+        created_at=None if made is None else failed_at + made,
+        data={"id": op.external_id, "status": "processing",
+              "amount": op.payload["amount_minor"], "currency": op.payload["currency"].lower()}))
+    op.refresh_from_db()
+    assert op.status == S.FAILED
+    if held:
+        assert (result, message) == ("held", (
+            f"held for review: the provider reports accepted ({op.external_id}); {op.id} "
+            "stays failed, a person decides"))
+        # No replacement pays a second time while this one may.
+        assert replaced_and_run(op, approver) is None
+    else:
+        assert result == "ignored" and "not allowed (late or out of order)" in message
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

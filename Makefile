@@ -41,7 +41,7 @@ services-down: $(VENV)/.installed
 
 ## make manage ARGS="operations list --status unknown"
 manage: $(VENV)/.installed
-	$(PY) manage.py $(ARGS)
+	@$(PY) manage.py $(ARGS)
 
 bench: $(VENV)/.installed-dev
 	$(PY) -m console.embedded run -- $(PY) -m tests.bench

@@ -20,6 +20,7 @@ from operations.engine.core import (
     lease_expired,
     logger,
     next_attempt_number,
+    person_text_check,
     snapshot,
     transition,
     unanswered_call_lands_by,
@@ -51,6 +52,7 @@ from operations.providers.base import (
     ProviderAdapter,
 )
 from operations.providers.transport import LeaseLost, send_deadline
+from operations.services import audit_event_record
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,25 @@ class ExecuteReport:
     detail: str = ""
 
 
-def operation_execute(*, operation_id: str, worker: str = "") -> ExecuteReport:
-    """Run the approved intent at most once, in the resume order of the design brief."""
+def operation_execute(*, operation_id: str, worker: str = "", reason: str = "") -> ExecuteReport:
+    """Run the approved intent at most once, in the resume order of the design brief.
+    `reason`: a person asked for this run outside the queue (the command line); the audit
+    trail then says who, why, and which status it moved from and to."""
+    if not reason:
+        return _operation_execute(operation_id=operation_id, worker=worker)
+    person_text_check(reason=reason)
+    op = Operation.objects.select_related("tenant").get(id=operation_id)
+    report = _operation_execute(operation_id=op.id, worker=worker)
+    # After the run, as reconcile's: what the person's request moved, not only that it was.
+    audit_event_record(
+        actor=None, action="operation.execute", tenant=op.tenant, object_type="operation",
+        object_id=op.id, reason=reason, before={"status": op.status},
+        after={"status": report.status, "outcome": report.outcome, "detail": report.detail},
+    )
+    return report
+
+
+def _operation_execute(*, operation_id: str, worker: str) -> ExecuteReport:
     worker = worker or worker_name()
     op = Operation.objects.select_related("tenant").get(id=operation_id)
 

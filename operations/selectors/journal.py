@@ -120,6 +120,7 @@ class TimelineEntry:
 _AUDIT_TITLES = {
     "operation.prepare": "Intent recorded",
     "operation.authorize": "Approval recorded for this payload hash",
+    "operation.execute": "Run asked for by a person",
     "operation.reconcile": "Reconcile asked for by a person",
     "operation.resolve_succeeded": "Resolved as succeeded by a person",
     "operation.resolve_failed": "Resolved as failed by a person",

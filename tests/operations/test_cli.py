@@ -344,6 +344,9 @@ def test_it_refuses_an_argument_that_is_not_utf8_with_one_error(acme, args):
     [
         (("list", "--status", "bogus"), "invalid choice: 'bogus'"),
         (("prepare", "--tenant", "acme"), "required: --action, --payload"),
+        # The top parser's own mistakes, which Django's parser class answered at length.
+        ((), "required: SUBCOMMAND"),
+        (("list", "--status", "unknown", "--bogus"), "unrecognized arguments: --bogus"),
     ],
 )
 def test_it_says_a_usage_mistake_in_one_line(args, said):
@@ -445,11 +448,21 @@ def test_it_exits_zero_with_the_outcome_when_execute_carries_the_effect_out(
     from tests.operations.engine_helpers import authorized_payment
 
     op = authorized_payment(acme, approver)
-    assert _run("execute", op.id).startswith("called succeeded")
+    assert _run("execute", op.id, "--reason", "treasury runs it now").startswith(
+        "called succeeded")
     op.refresh_from_db()
     assert op.provider_calls == 1 and op.external_id == PaymentIntent.objects.get().id
     assert _run("execute", op.id).startswith("already_succeeded succeeded")
     assert PaymentIntent.objects.count() == 1
+    # Who ran it by hand, why, and what it moved: as prepare and reconcile are.
+    first, again = AuditEvent.objects.filter(
+        action="operation.execute", object_id=op.id).order_by("id")
+    assert first.actor is None and first.actor_username.startswith("shell:")
+    assert first.reason == "treasury runs it now"
+    assert first.before == {"status": "not_started"}
+    assert first.after["status"] == "succeeded" and first.after["outcome"] == "called"
+    assert again.reason == "asked from the command line"
+    assert again.after["outcome"] == "already_succeeded"
 
 
 @pytest.mark.django_db

@@ -106,6 +106,13 @@ class _OneLineErrors(CommandParser):
 class Command(BaseCommand):
     help = "Prepare, show, execute, reconcile and list operations (wrappers over the engine)."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        # Django builds the top parser itself; its mistakes (no subcommand, an option it
+        # does not know) are one line too.
+        parser.__class__ = _OneLineErrors
+        return parser
+
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(
             dest="subcommand", required=True, metavar="SUBCOMMAND", parser_class=_OneLineErrors
@@ -127,6 +134,10 @@ class Command(BaseCommand):
 
         execute = sub.add_parser("execute", help="run the approved intent at most once")
         execute.add_argument("operation_id")
+        execute.add_argument(
+            "--reason", default="asked from the command line",
+            help="why; on the audit trail with the shell's user",
+        )
 
         reconcile = sub.add_parser("reconcile", help="ask the provider what really happened")
         reconcile.add_argument("operation_id")
@@ -229,7 +240,7 @@ class Command(BaseCommand):
     def _execute(self, options: dict[str, Any]) -> None:
         op = _operation(options["operation_id"])
         try:
-            report = operation_execute(operation_id=op.id)
+            report = operation_execute(operation_id=op.id, reason=options["reason"])
         except EngineError as exc:
             raise CommandError(f"execute refused: {exc}") from exc
         if report.outcome == "awaiting_authorization":

@@ -59,7 +59,8 @@ POLICIES: dict[str, Policy] = {
 
 def policy_for(action: str) -> Policy:
     policy = POLICIES[action]
-    # Deployments (and tests) roll a policy forward by configuration, without a release.
+    # A settings override rolls a policy's version forward: the tests stand for a release
+    # that changes a policy with it (no environment variable sets it).
     override = getattr(settings, "POLICY_VERSION_OVERRIDES", {}).get(action)
     if override:
         return Policy(override, policy.approval_ttl, policy.requires_approval, policy.rule)

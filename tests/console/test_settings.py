@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -199,8 +200,18 @@ def test_it_finds_the_port_of_the_running_make_run_for_a_second_terminal(tmp_pat
     assert env.local_web_port({}) == "8000"  # not a crash at settings import
 
 
+def readme_gunicorn_argv() -> list[str]:
+    """gunicorn as the README's Deploying starts it (four workers failing at once made its
+    arbiter exit 1 with tracebacks, unless the settings load once before forking)."""
+    line = next(line for line in (BASE_DIR / "README.md").read_text().splitlines()
+                if line.startswith(".venv/bin/gunicorn "))
+    args = shlex.split(line)[1:]
+    args[args.index("--bind") + 1] = "127.0.0.1:0"
+    return ["-m", "gunicorn", *args]
+
+
 @pytest.mark.parametrize("argv", [
-    ["-m", "gunicorn", "console.wsgi", "--bind", "127.0.0.1:0"],
+    readme_gunicorn_argv(),
     ["-m", "celery", "-A", "console", "worker"],
     ["-m", "celery", "-A", "console", "beat"],
 ])

@@ -27,6 +27,7 @@ from approvals.selectors import approvals_waiting
 from console.celery import broker_connection_check
 from console.forms import AuditFilterForm
 from operations.htmx import page_render
+from operations.intents import mask_person_text
 from operations.selectors import (
     audit_action_names,
     audit_events_for_user,
@@ -58,7 +59,7 @@ def _audit_value(value: Any) -> str:
 
 def audit_changes(before: Any, after: Any) -> list[AuditChange]:
     """An event's before/after as a person reads it: one line per field, old → new where
-    it changed (the stored JSON stays as it is in the CSV export)."""
+    it changed (the CSV export keeps the stored JSON, masked as the page is)."""
 
     def fields(side: Any) -> dict[str, Any]:
         if side is None:
@@ -171,9 +172,14 @@ def _csv_rows(events) -> Iterator[list[str]]:
             # As the page says it: blank would read as "someone unknown".
             _cell(event.actor_username or "system"),
             event.tenant.slug if event.tenant else "", _cell(event.action),
-            _cell(event.object_type), _cell(event.object_id), _cell(event.reason),
-            "" if event.before is None else _cell(json.dumps(event.before, sort_keys=True)),
-            "" if event.after is None else _cell(json.dumps(event.after, sort_keys=True)),
+            # Masked as the page shows them: what a person typed can hold an address or an
+            # account number, and the export is read by whoever gets the file.
+            _cell(event.object_type), _cell(event.object_id),
+            _cell(mask_person_text(event.reason)),
+            "" if event.before is None
+            else _cell(mask_person_text(json.dumps(event.before, sort_keys=True))),
+            "" if event.after is None
+            else _cell(mask_person_text(json.dumps(event.after, sort_keys=True))),
         ]
 
 

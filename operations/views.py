@@ -164,6 +164,8 @@ def _panel_context(
         "notice": notice,
         "notice_level": notice_level,
         "seen": _seen(op),
+        # The panel re-rendered after an action is the masked page's (see _respond).
+        "unmasked": False,
     }
 
 

@@ -86,6 +86,33 @@ def mask_inline(text: str) -> str:
     )
 
 
+# A run of digits standing on its own (not inside an id such as pi_3Nk123… or a hash) that
+# is long enough to be an account or phone number: ten digits or more. A date, with or
+# without its time, is matched first and kept, so "2026-12-03 10:00" is not read as one.
+_DATE = r"\d{4}-\d{2}-\d{2}|\d{1,2}[./]\d{1,2}[./]\d{4}"
+_PERSON_TEXT_NUMBERS = re.compile(
+    rf"(?P<date>(?<!\w)(?:{_DATE})(?:[ T]\d{{1,2}}:\d{{2}}(?::\d{{2}})?)?)"
+    rf"|(?P<digits>(?<!\w)\d(?:[\d{NUMBER_SEPARATORS}]*\d)?(?!\w))"
+)
+_PERSON_TEXT_DIGITS = 10
+
+
+def _person_text_number(match: re.Match[str]) -> str:
+    digits = match.group("digits")
+    if digits and sum(c.isdigit() for c in digits) >= _PERSON_TEXT_DIGITS:
+        return "••••" + digits[-4:]
+    return match.group()
+
+
+def mask_person_text(text: str) -> str:
+    """What a person typed (a reason, evidence, a comment), as a masked view shows it:
+    email addresses and account or phone numbers in it masked where they stand. Their
+    words are checked for card numbers and secrets when written; this is for what is only
+    personal."""
+    text = _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
+    return _PERSON_TEXT_NUMBERS.sub(_person_text_number, text)
+
+
 def _mask_value(value: Any, how: str) -> str:
     if how == "inline":
         return mask_inline(str(value))

@@ -592,6 +592,27 @@ def test_it_shows_why_the_replaced_intent_was_rejected_on_the_new_ones_card(
     assert "<td>wrong amount, see contract</td>" in detail
 
 
+def test_it_masks_an_address_or_account_in_a_rejection_reason_where_it_is_shown(
+    acme, approver, auditor, admin_user, prepare_payment, no_execute
+):
+    email, account = "anna.smith@example.com", "40817810099910004312"
+    old = prepare_payment(acme)
+    assert signed_in(approver).post(reverse("approvals:reject", args=[old.id]), {
+        "reason": f"beneficiary {email} gave account {account}, not this one",
+    }).status_code == 302
+    new = prepare_payment(acme, supersedes=old.operation, amount_minor=1_150_000)
+    for url in (reverse("approvals:detail", args=[old.id]),
+                reverse("approvals:detail", args=[new.id]),  # why the one it replaces went
+                reverse("approvals:queue"), "/audit/"):
+        html = signed_in(auditor).get(url).content.decode()
+        assert email not in html and account not in html, url
+    html = signed_in(auditor).get(reverse("approvals:detail", args=[new.id])).content.decode()
+    assert "a***@example.com" in html and "••••4312" in html
+    unmasked = signed_in(admin_user).get(
+        reverse("approvals:detail", args=[new.id]) + "?unmasked=1").content.decode()
+    assert email in unmasked and account in unmasked
+
+
 def test_it_names_the_expired_request_an_unchanged_intent_asks_again_for(
     acme, approver, prepare_payment, no_execute
 ):

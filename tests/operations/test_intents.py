@@ -17,6 +17,7 @@ from operations.intents import (
     intent_validate,
     mask_email,
     mask_inline,
+    mask_person_text,
     money_format,
     secret_in_text,
 )
@@ -640,3 +641,19 @@ def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():
         with pytest.raises(IntentError, match="nested more than 32 levels deep"):
             intent_validate(action="mail.send", payload={
                 "to": "anna@example.com", "template": "offer", "params": {"a": nested(depth)}})
+
+
+@pytest.mark.parametrize(("typed", "shown"), [
+    ("paid to 40817810099910004312 on 2026-12-03 at 10:00",
+     "paid to ••••4312 on 2026-12-03 at 10:00"),
+    ("acct 4081 7810 0999 1000 4312.", "acct ••••4312."),
+    ("call +7 701 123 45 67 or jane.doe@example.com", "call +••••5 67 or j***@example.com"),
+    # A date with its time is not one long number; ids, hashes and amounts stay whole.
+    ("see 2026-12-03 10:00:00 and 03.12.2026 9:15", "see 2026-12-03 10:00:00 and 03.12.2026 9:15"),
+    ("ref pi_3NkXY1234567890123abc, op_01KBX1234567890ABC", "ref pi_3NkXY1234567890123abc, "
+     "op_01KBX1234567890ABC"),
+    ("sha256:0123456789012345abcdef, 150000000 KZT", "sha256:0123456789012345abcdef, "
+     "150000000 KZT"),
+])
+def test_it_masks_addresses_and_long_numbers_in_what_a_person_typed(typed, shown):
+    assert mask_person_text(typed) == shown

@@ -524,3 +524,37 @@ def test_it_tells_a_person_who_may_not_operate_who_settles_an_unknown(
         f"/operations/{acme_unknown.id}/").content.decode()
     assert "An operator on Acme Corp settles this" in html
     assert "Reconcile now</button>" not in html
+
+
+@pytest.mark.django_db
+def test_it_masks_what_people_typed_on_every_page_but_the_audited_unmasked_one(
+    acme, operator, approver, auditor, admin_user
+):
+    email, account = "anna.smith@example.com", "40817810099910004312"
+    resolved = make_unknown(prepared_payment(acme))
+    disputed = make_unknown(prepared_payment(acme, invoice_id="inv_dispute"))
+    client = signed_in(operator)
+    assert client.post(f"/operations/{resolved.id}/resolve", {
+        "resolve-outcome": "failed", "resolve-provider_reference": "",
+        "resolve-evidence": f"bank statement: account {account} got nothing, said {email}",
+        "resolve-reason": f"confirmed by {email}",
+    }).status_code == 302
+    assert client.post(f"/operations/{disputed.id}/dispute", {
+        "dispute-reason": f"beneficiary {email} says account {account} got nothing",
+    }).status_code == 302
+    pages = [
+        (approver, f"/operations/{resolved.id}/"),  # its error, evidence and audit rows
+        (approver, f"/operations/{disputed.id}/"),
+        (operator, "/operations/unknown/"),  # the disputed queue's last evidence
+        (auditor, "/audit/"),
+        (auditor, "/audit.csv"),
+    ]
+    for user, url in pages:
+        response = signed_in(user).get(url)
+        body = (b"".join(response.streaming_content) if response.streaming
+                else response.content).decode()
+        assert email not in body and account not in body, url
+        assert "a***@example.com" in body and "••••4312" in body, url
+    # The audited unmasked view shows what was typed, as it shows the intent.
+    unmasked = signed_in(admin_user).get(f"/operations/{resolved.id}/?unmasked=1")
+    assert email in unmasked.content.decode() and account in unmasked.content.decode()

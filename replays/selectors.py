@@ -8,6 +8,7 @@ from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
+from operations.intents import mask_inline
 from operations.models import Checkpoint, Operation, Run
 from operations.selectors import tenant_ids_for_user
 
@@ -93,7 +94,10 @@ def run_checkpoints(run: Run) -> list[Checkpoint]:
     the template, where `state.keys` is a lookup of a field called "keys" first."""
     checkpoints = list(run.checkpoints.select_related("created_by").order_by("sequence"))
     for cp in checkpoints:
-        cp.state_fields = list(cp.state) if isinstance(cp.state, dict) else []
+        # Masked as an intent's keys are: a state keyed by recipient or account names them.
+        cp.state_fields = (
+            [mask_inline(name) for name in cp.state] if isinstance(cp.state, dict) else []
+        )
     return checkpoints
 
 

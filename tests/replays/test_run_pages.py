@@ -204,6 +204,13 @@ def test_it_shows_the_names_of_state_fields_never_their_values(acme, approver):
     )
     Checkpoint.objects.create(run=run, sequence=2, node="a_list_state",
                               state=["jane.doe@example.com"], state_hash="sha256:" + "b" * 64)
+    # A state keyed by recipient or account: its names are masked as an intent's keys are.
+    Checkpoint.objects.create(
+        run=run, sequence=3, node="by_recipient",
+        state={"jane.doe@example.com": "reminded", "40817810099910004312": "paid"},
+        state_hash="sha256:" + "c" * 64,
+    )
     html = signed_in(approver).get(f"/runs/{run.id}/").content.decode()
     assert "jane.doe@example.com" not in html and "ivan@example.org" not in html
-    assert "keys, step" in html
+    assert "40817810099910004312" not in html
+    assert "keys, step" in html and "••••4312, j***@example.com" in html  # jsonb's order

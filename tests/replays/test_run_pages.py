@@ -121,6 +121,32 @@ def test_it_refuses_lineage_across_tenants_and_never_lists_another_tenants_effec
 
 
 @pytest.mark.django_db
+def test_it_refuses_a_run_lineage_across_tenants_or_from_another_runs_checkpoint(
+    lineage, globex
+):
+    original, branch, cp, _ = lineage
+    theirs = Run.objects.create(conversation_id="conv_01G", tenant=globex,
+                                workflow_name="pay_invoices", workflow_version=7,
+                                state_schema_version=4)
+    derived = {"conversation_id": "conv_01G", "workflow_name": "pay_invoices",
+               "workflow_version": 7, "state_schema_version": 4, "mode": RunMode.SIMULATION,
+               "launch_reason": "replay"}
+    with pytest.raises(IntegrityError, match="is not a run of its tenant"), transaction.atomic():
+        Run.objects.create(tenant=globex, parent_run=original, parent_checkpoint=cp, **derived)
+    # Its own tenant's run, but a checkpoint of another run than the one it names.
+    other_cp = Checkpoint.objects.create(run=branch, sequence=1, node="n", state={},
+                                         state_hash="sha256:" + "c" * 64)
+    with pytest.raises(IntegrityError, match="not a checkpoint of its parent run"), \
+            transaction.atomic():
+        Run.objects.create(tenant=original.tenant, parent_run=original,
+                           parent_checkpoint=other_cp, **derived)
+    # Nor moved across afterwards.
+    with pytest.raises(IntegrityError, match="is not a run of its tenant"), transaction.atomic():
+        Run.objects.filter(id=branch.id).update(tenant=globex)
+    assert Run.objects.filter(tenant=globex).get() == theirs
+
+
+@pytest.mark.django_db
 def test_it_says_the_time_zone_of_every_time_it_shows(lineage, auditor):
     """Every other page says UTC; a bare time on these read as the viewer's local time."""
     original, *_ = lineage
@@ -135,20 +161,22 @@ def test_it_says_the_time_zone_of_every_time_it_shows(lineage, auditor):
 def test_it_never_shows_another_tenants_run_in_a_lineage(lineage, globex, auditor,
                                                           other_tenant_user):
     original, branch, cp, _op = lineage
-    # Rows that got there anyway (by hand): a globex run derived from acme's, and an acme
-    # run derived from globex's.
-    theirs = Run.objects.create(
-        conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
-        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=original,
-        parent_checkpoint=cp, launch_reason="globex_private_reason",
-    )
+    # Rows that got there anyway (before operations 0025 refused them): a globex run derived
+    # from acme's, and an acme run derived from globex's.
+    with triggers_off(Run):
+        theirs = Run.objects.create(
+            conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
+            workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH,
+            parent_run=original, parent_checkpoint=cp, launch_reason="globex_private_reason",
+        )
     their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="prepare_payment",
                                          state={}, state_hash="sha256:" + "b" * 64)
-    adopted = Run.objects.create(
-        conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
-        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
-        parent_checkpoint=their_cp, launch_reason="retry",
-    )
+    with triggers_off(Run):
+        adopted = Run.objects.create(
+            conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
+            workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
+            parent_checkpoint=their_cp, launch_reason="retry",
+        )
     html = signed_in(auditor).get(f"/runs/{original.id}/").content.decode()
     assert branch.id in html and theirs.id not in html
     assert "globex_private_reason" not in html
@@ -164,19 +192,22 @@ def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
     lineage, globex, auditor, other_tenant_user
 ):
     original, _branch, cp, _op = lineage
-    # As above, by hand: a globex run derived from acme's, and an acme run from globex's.
-    theirs = Run.objects.create(
-        conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
-        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=original,
-        parent_checkpoint=cp,
-    )
+    # As above, from before 0025: a globex run derived from acme's, and an acme run from
+    # globex's.
+    with triggers_off(Run):
+        theirs = Run.objects.create(
+            conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
+            workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH,
+            parent_run=original, parent_checkpoint=cp,
+        )
     their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="prepare_payment",
                                          state={}, state_hash="sha256:" + "b" * 64)
-    adopted = Run.objects.create(
-        conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
-        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
-        parent_checkpoint=their_cp,
-    )
+    with triggers_off(Run):
+        adopted = Run.objects.create(
+            conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
+            workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
+            parent_checkpoint=their_cp,
+        )
     for user, mine, conversation, not_theirs in (
         (auditor, adopted, "conv_01TEST", theirs),
         (other_tenant_user, theirs, "conv_01GLOBEX", original),

@@ -1,5 +1,5 @@
 """A run's lineage never crosses tenants either, and its parent checkpoint is one of its
-parent run's (as operations 0016 holds for operations).
+parent run's (as operations 0016 holds for operations); nor does a run change tenants.
 
 Nothing in the console writes a run's lineage yet but the demo data; a replay or a branch
 will, and a row written any other way (a data fix, a script, a restore) would put another
@@ -11,6 +11,11 @@ from django.db import migrations
 SQL = r"""
 CREATE OR REPLACE FUNCTION run_lineage_in_tenant() RETURNS trigger AS $$
 BEGIN
+    -- A run's operations and checkpoints are its tenant's: it never moves to another.
+    IF TG_OP = 'UPDATE' AND NEW.tenant_id <> OLD.tenant_id THEN
+        RAISE EXCEPTION 'run %: its tenant never changes', NEW.id
+            USING ERRCODE = 'check_violation';
+    END IF;
     IF NEW.parent_run_id IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM operations_run WHERE id = NEW.parent_run_id AND tenant_id = NEW.tenant_id
     ) THEN

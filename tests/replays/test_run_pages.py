@@ -140,9 +140,11 @@ def test_it_refuses_a_run_lineage_across_tenants_or_from_another_runs_checkpoint
             transaction.atomic():
         Run.objects.create(tenant=original.tenant, parent_run=original,
                            parent_checkpoint=other_cp, **derived)
-    # Nor moved across afterwards.
-    with pytest.raises(IntegrityError, match="is not a run of its tenant"), transaction.atomic():
-        Run.objects.filter(id=branch.id).update(tenant=globex)
+    # Nor moved across afterwards, with its operations and checkpoints.
+    for run in (branch, original):
+        with pytest.raises(IntegrityError, match="its tenant never changes"), \
+                transaction.atomic():
+            Run.objects.filter(id=run.id).update(tenant=globex)
     assert Run.objects.filter(tenant=globex).get() == theirs
 
 

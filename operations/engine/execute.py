@@ -66,22 +66,40 @@ class ExecuteReport:
 def operation_execute(*, operation_id: str, worker: str = "", reason: str = "") -> ExecuteReport:
     """Run the approved intent at most once, in the resume order of the design brief.
     `reason`: a person asked for this run outside the queue (the command line); the audit
-    trail then says who, why, and which status it moved from and to."""
+    trail then says who and why: in the claim's own transaction when it makes a call (so a
+    run interrupted mid-call is on it), else with what the request moved, once it is done."""
     if not reason:
         return _operation_execute(operation_id=operation_id, worker=worker)
     person_text_check(reason=reason)
     op = Operation.objects.select_related("tenant").get(id=operation_id)
-    report = _operation_execute(operation_id=op.id, worker=worker)
-    # After the run, as reconcile's: what the person's request moved, not only that it was.
-    audit_event_record(
-        actor=None, action="operation.execute", tenant=op.tenant, object_type="operation",
-        object_id=op.id, reason=reason, before={"status": op.status},
-        after={"status": report.status, "outcome": report.outcome, "detail": report.detail},
-    )
+    asked = _Asked(reason=reason, status=op.status)
+    report = _operation_execute(operation_id=op.id, worker=worker, asked=asked)
+    if not asked.recorded:
+        _asked_record(op, asked, after={
+            "status": report.status, "outcome": report.outcome, "detail": report.detail})
     return report
 
 
-def _operation_execute(*, operation_id: str, worker: str) -> ExecuteReport:
+@dataclass
+class _Asked:
+    """A person's request to run an operation now, until its audit row is written."""
+
+    reason: str
+    status: str
+    recorded: bool = False
+
+
+def _asked_record(op: Operation, asked: _Asked, *, after: dict[str, Any]) -> None:
+    audit_event_record(
+        actor=None, action="operation.execute", tenant=op.tenant, object_type="operation",
+        object_id=op.id, reason=asked.reason, before={"status": asked.status}, after=after,
+    )
+    asked.recorded = True
+
+
+def _operation_execute(
+    *, operation_id: str, worker: str, asked: _Asked | None = None
+) -> ExecuteReport:
     worker = worker or worker_name()
     op = Operation.objects.select_related("tenant").get(id=operation_id)
 
@@ -224,6 +242,8 @@ def _operation_execute(*, operation_id: str, worker: str) -> ExecuteReport:
             provider_account=account,
             reach_until=core.call_reach_until(lease_expires_at),
         )
+        if asked is not None:
+            _asked_record(op, asked, after={"status": S.IN_PROGRESS, "call": number})
 
     # The attempt just created is the newest call: no need to read it back.
     op_snapshot = snapshot(op, last_call=attempt)

@@ -459,10 +459,32 @@ def test_it_exits_zero_with_the_outcome_when_execute_carries_the_effect_out(
         action="operation.execute", object_id=op.id).order_by("id")
     assert first.actor is None and first.actor_username.startswith("shell:")
     assert first.reason == "treasury runs it now"
+    # Written with the claim, before the call goes out: on the trail however the run ends.
     assert first.before == {"status": "not_started"}
-    assert first.after["status"] == "succeeded" and first.after["outcome"] == "called"
+    assert first.after == {"status": "in_progress", "call": 1}
     assert again.reason == "asked from the command line"
     assert again.after["outcome"] == "already_succeeded"
+
+
+@pytest.mark.django_db
+def test_it_audits_a_run_asked_for_by_a_person_that_is_interrupted_mid_call(
+    acme, approver, monkeypatch
+):
+    from operations import engine
+    from tests.operations.engine_helpers import authorized_payment
+
+    op = authorized_payment(acme, approver)
+
+    def interrupted(snapshot):
+        raise KeyboardInterrupt  # Ctrl-C while the request is out
+
+    monkeypatch.setattr(engine.core.adapter(op.action), "call", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.operation_execute(operation_id=op.id, reason="treasury runs it now")
+    op.refresh_from_db()
+    assert (op.status, op.provider_calls) == ("in_progress", 1)
+    asked = AuditEvent.objects.get(action="operation.execute", object_id=op.id)
+    assert asked.reason == "treasury runs it now" and asked.after["status"] == "in_progress"
 
 
 @pytest.mark.django_db

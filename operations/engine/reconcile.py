@@ -208,16 +208,24 @@ def _record_lookup(
     data = lookup_data(found, attempt=attempt.number)
     contract = adapter.contract
     op.refresh_from_db()
+    found_at = (
+        LOOKUP_STATUS[found.status]
+        if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS else None
+    )
     if not outcome_open(op):
+        if found_at is not None and _second_effect_found(op, found, to=found_at):
+            # An event settled it with another object meanwhile: this one moved money too.
+            return _another_object_found(op, attempt, found, to=found_at, data=data,
+                                         actor=actor)
         return ReconcileReport(op.id, "nothing_to_do", op.status, "settled meanwhile")
 
-    if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS:
-        to = LOOKUP_STATUS[found.status]
+    if found_at is not None:
+        to = found_at
         if _another_object_recorded(op, found):
             return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
         if to == S.ACCEPTED and found.waits_on:
             return _left_waiting_on_someone_else(
-                op, found, data=data, actor=actor, calls_before=calls_before
+                op, attempt, found, data=data, actor=actor, calls_before=calls_before
             )
         if to == op.status:
             # Still pending at the provider: look again after the usual wait, not at every
@@ -248,7 +256,10 @@ def _record_lookup(
             actor=actor,
         )
         op.refresh_from_db()
-        if not won and _another_object_recorded(op, found) and outcome_open(op):
+        if not won and (
+            _second_effect_found(op, found, to=to)
+            or (outcome_open(op) and _another_object_recorded(op, found))
+        ):
             return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
@@ -410,6 +421,12 @@ def _another_object_recorded(op: Operation, found: LookupResult) -> bool:
     return bool(found.external_id and op.external_id and op.external_id != found.external_id)
 
 
+def _second_effect_found(op: Operation, found: LookupResult, *, to: str) -> bool:
+    """Another object than the recorded one, that moved money or is moving it: a second
+    effect of one intent, whatever the operation's status now."""
+    return _another_object_recorded(op, found) and to in (S.SUCCEEDED, S.ACCEPTED)
+
+
 def _another_object_found(
     op: Operation, attempt: Attempt, found: LookupResult, *, to: str, data: dict[str, Any],
     actor: AbstractUser | None,
@@ -453,8 +470,8 @@ def _transition_deciding_kept(op: Operation, **transition_args: Any) -> bool:
 
 
 def _left_waiting_on_someone_else(
-    op: Operation, found: LookupResult, *, data: dict[str, Any], actor: AbstractUser | None,
-    calls_before: int,
+    op: Operation, attempt: Attempt, found: LookupResult, *, data: dict[str, Any],
+    actor: AbstractUser | None, calls_before: int,
 ) -> ReconcileReport:
     """Taken by the provider, and pending on someone the console cannot reach (a customer's
     3-D Secure): no lookup will settle it, so it goes to the operators' queue (an unknown one
@@ -481,6 +498,10 @@ def _left_waiting_on_someone_else(
             next_reconcile_at=None, fields=fields,
         )
     op.refresh_from_db()
+    if _another_object_recorded(op, found):
+        # An event recorded another payment after this lookup's read: the write above kept
+        # off it, and the one found, under way too, is a second effect.
+        return _another_object_found(op, attempt, found, to=S.ACCEPTED, data=data, actor=actor)
     if found.external_id and op.external_id == found.external_id:
         # Events kept while a call was in flight, now that its object is known (its
         # customer's answer, reported meanwhile, settles it here).

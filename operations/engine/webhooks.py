@@ -256,7 +256,7 @@ def webhook_events_decide_kept(*, op_id: str) -> None:
         facts = WebhookFacts(
             event_id=event.event_id, event_type=event.event_type, operation_id=op_id,
             external_id=event.external_id, status=REPORTED_OUTCOME.get(event.reported_status),
-            data=event.data,
+            data=event.data, created_at=event.provider_created_at,
         )
         result, message = _webhook_transition(op, facts=facts)
         WebhookEvent.objects.filter(id=event.id).update(

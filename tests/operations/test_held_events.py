@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from operations import engine
+from operations.engine import reconcile as reconcile_module
 from operations.engine.core import lease_expired
 from operations.models import Operation, OperationStatus, WebhookEvent
 from operations.providers.base import CallOutcome, WebhookFacts
@@ -522,22 +523,11 @@ def test_it_holds_a_payment_under_way_reported_after_the_provider_refused_the_ca
     (True, False),  # it was declined: the one under way is the operation's effect
 ])
 def test_it_keeps_the_payment_an_event_recorded_while_a_lookup_found_another(
-    acme, approver, operator, sandbox, settings, monkeypatch, found_declined, held
+    acme, approver, operator, sandbox, monkeypatch, found_declined, held
 ):
     op = died_mid_call(authorized_payment(acme, approver),
                        claimed=timezone.now() - timedelta(minutes=5))
-    metadata = {"operation_id": op.id, "tenant": acme.slug}
-    amount, currency = PAYMENT["amount_minor"], PAYMENT["currency"].lower()
-    # Two payments carry the operation: one made long enough ago for the provider's search
-    # to see it, and one still under way that its search has not caught up with.
-    found = sandbox_payment_create(amount=amount, currency=currency, metadata=metadata,
-                                   confirm=True, declined=found_declined)
-    PaymentIntent.objects.filter(id=found["id"]).update(
-        created_at=timezone.now() - timedelta(minutes=10))
-    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = amount
-    under_way = sandbox_payment_create(amount=amount, currency=currency, metadata=metadata,
-                                       confirm=True)
-    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    found, under_way = two_payments_one_hidden(op, acme, found_declined=found_declined)
     # The provider's event about the one under way lands while the lookup is on its way.
     adapter = engine.core.adapter(op.action)
     search = adapter.lookup
@@ -572,3 +562,158 @@ def test_it_keeps_the_payment_an_event_recorded_while_a_lookup_found_another(
         assert op.evidence.last().summary.endswith(f"the next lookup follows {under_way['id']}")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 2
+
+
+def two_payments_one_hidden(op, acme, *, found_declined=False, found_needs_action=False):
+    """Two payments carrying `op`: one made long enough ago for the provider's search to
+    see it, and one under way that its search has not caught up with."""
+    metadata = {"operation_id": op.id, "tenant": acme.slug}
+    amount, currency = PAYMENT["amount_minor"], PAYMENT["currency"].lower()
+    found = sandbox_payment_create(amount=amount, currency=currency, metadata=metadata,
+                                   confirm=True, declined=found_declined,
+                                   needs_action=found_needs_action)
+    PaymentIntent.objects.filter(id=found["id"]).update(
+        created_at=timezone.now() - timedelta(minutes=10))
+    under_way = sandbox_payment_create(amount=amount, currency=currency, metadata=metadata,
+                                       confirm=True)
+    sandbox_fault_set(provider="payments", kind="search_lag", match=op.id, seconds=60)
+    return found, under_way
+
+
+def reported(op, obj, status):
+    return WebhookFacts(
+        event_id=f"evt_{obj['id']}_{status}", event_type=f"payment_intent.{status}",
+        operation_id=op.id, external_id=obj["id"],
+        status=CallOutcome.SUCCEEDED if status == "succeeded" else CallOutcome.ACCEPTED,
+        data={**obj, "status": status})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_second_payment_a_lookup_finds_once_an_event_settled_the_operation(
+    acme, approver, sandbox, monkeypatch
+):
+    """The event that lands during the lookup settles the operation with its payment: the
+    other succeeded payment the search finds is a second effect of one intent all the same."""
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    found, under_way = two_payments_one_hidden(op, acme)
+    assert found["status"] == under_way["status"] == "succeeded"
+    adapter = engine.core.adapter(op.action)
+    search = adapter.lookup
+
+    def lookup_overtaken_by_the_event(snapshot):
+        result, _ = engine.webhook_apply(provider="payments",
+                                         facts=reported(op, under_way, "succeeded"))
+        assert result == "applied"
+        return search(snapshot)
+
+    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
+    engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, under_way["id"])
+    lookup = op.attempts.get(kind="lookup")
+    assert lookup.external_id == found["id"]
+    assert lookup.needs_review
+    assert engine.core.held_reports(op.id).answers == [lookup.number]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_waiting_on_3ds_a_lookup_finds_after_an_event_recorded_another(
+    acme, approver, sandbox, monkeypatch
+):
+    """An event records another payment after the lookup read the operation, just before
+    it notes the payment it found waiting on its customer: that one is held, as it is when
+    the event lands a moment earlier."""
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    found, under_way = two_payments_one_hidden(op, acme, found_needs_action=True)
+    assert found["status"] == "requires_action"
+    original = reconcile_module._lookup_noted
+    fired = []
+
+    def event_lands_first(op_, **kwargs):
+        if not fired:
+            fired.append(True)
+            result, _ = engine.webhook_apply(provider="payments",
+                                             facts=reported(op, under_way, "processing"))
+            assert result == "applied"
+        return original(op_, **kwargs)
+
+    monkeypatch.setattr(reconcile_module, "_lookup_noted", event_lands_first)
+    engine.operation_reconcile(operation_id=op.id)
+
+    assert fired
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.ACCEPTED, under_way["id"])
+    lookup = op.attempts.get(kind="lookup")
+    assert lookup.external_id == found["id"]
+    assert lookup.needs_review
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_ignores_a_processing_event_kept_in_flight_that_was_made_before_the_failure(
+    acme, approver, sandbox
+):
+    """Decided once the lookup finds the payment declined: made before the decline, the
+    event is only out of order, and holding it would block the replacement for nothing."""
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    declined = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        declined=True, metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    made_at = timezone.now() - timedelta(minutes=4)
+    result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_processing_early", event_type="payment_intent.processing",
+        operation_id=op.id, external_id=declined["id"], status=CallOutcome.ACCEPTED,
+        created_at=made_at,
+        data={"id": declined["id"], "status": "processing", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()}))
+    assert result == "ignored" and message.startswith("kept while the call was in flight")
+
+    engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.FAILED, declined["id"])
+    event = WebhookEvent.objects.get(event_id="evt_processing_early")
+    assert event.provider_created_at < op.status_changed_at  # made before the failure
+    assert not event.needs_review, event.outcome
+    assert engine.core.held_reports(op.id).events == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lets_an_operator_answer_a_held_lookup_from_the_operation_page(
+    acme, approver, operator, sandbox, monkeypatch
+):
+    """The held lookup is listed on the page, and disputing from the page answers it."""
+    import re
+
+    from tests.helpers import signed_in
+
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    _found, under_way = two_payments_one_hidden(op, acme)
+    adapter = engine.core.adapter(op.action)
+    search = adapter.lookup
+
+    def lookup_overtaken_by_the_event(snapshot):
+        engine.webhook_apply(provider="payments", facts=reported(op, under_way, "processing"))
+        return search(snapshot)
+
+    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
+    engine.operation_reconcile(operation_id=op.id)
+    lookup = op.attempts.get(kind="lookup")
+    assert lookup.needs_review
+
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    shown = re.search(r'name="dispute-held_answers_shown"[^>]*value="([^"]*)"', page) or \
+        re.search(r'value="([^"]*)"[^>]*name="dispute-held_answers_shown"', page)
+    assert shown and shown.group(1) == str(lookup.id)
+    response = client.post(f"/operations/{op.id}/dispute", {
+        "dispute-reason": "two payments carry it", "dispute-held_shown": "",
+        "dispute-held_answers_shown": shown.group(1)})
+    assert response.status_code == 302
+    assert engine.core.held_reports(op.id).answers == []
+    assert "What lookup" not in client.get("/operations/unknown/").content.decode()

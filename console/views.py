@@ -163,6 +163,11 @@ def _cell(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
+def _masked_json(value: Any) -> str:
+    # Unescaped first: "\u043f…" is no address a mask can find (anna@почта.рф).
+    return mask_person_text(json.dumps(value, sort_keys=True, ensure_ascii=False))
+
+
 def _csv_rows(events) -> Iterator[list[str]]:
     yield ["id", "time", "actor", "tenant", "action", "object_type", "object_id", "reason",
            "before", "after"]
@@ -176,10 +181,8 @@ def _csv_rows(events) -> Iterator[list[str]]:
             # account number, and the export is read by whoever gets the file.
             _cell(event.object_type), _cell(event.object_id),
             _cell(mask_person_text(event.reason)),
-            "" if event.before is None
-            else _cell(mask_person_text(json.dumps(event.before, sort_keys=True))),
-            "" if event.after is None
-            else _cell(mask_person_text(json.dumps(event.after, sort_keys=True))),
+            "" if event.before is None else _cell(_masked_json(event.before)),
+            "" if event.after is None else _cell(_masked_json(event.after)),
         ]
 
 

@@ -654,6 +654,15 @@ def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():
      "op_01KBX1234567890ABC"),
     ("sha256:0123456789012345abcdef, 150000000 KZT", "sha256:0123456789012345abcdef, "
      "150000000 KZT"),
+    # Sums are read, not hidden: with their currency, or written with their cents.
+    ("is for 1600000000 KZT, the approved intent for KZT 1500000000",
+     "is for 1600000000 KZT, the approved intent for KZT 1500000000"),
+    ("12 500 000.00 came back", "12 500 000.00 came back"),
+    ("account 40817810099910004312 USD", "account ••••4312 USD"),  # too long for a sum
+    # Phone numbers as people write them, and IBANs as banks print them.
+    ("call +7 (701) 123-45-67", "call +••••5-67"),
+    ("IBAN KZ86125KZT5004100100 paid", "IBAN ••••0100 paid"),
+    ("IBAN DE89 3704 0044 0532 0130 00 PAID", "IBAN ••••0 00 PAID"),
 ])
 def test_it_masks_addresses_and_long_numbers_in_what_a_person_typed(typed, shown):
     assert mask_person_text(typed) == shown

@@ -558,3 +558,21 @@ def test_it_masks_what_people_typed_on_every_page_but_the_audited_unmasked_one(
     # The audited unmasked view shows what was typed, as it shows the intent.
     unmasked = signed_in(admin_user).get(f"/operations/{resolved.id}/?unmasked=1")
     assert email in unmasked.content.decode() and account in unmasked.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_shows_whole_the_sums_an_operator_compares(acme, operator, sandbox):
+    from operations.engine import operation_reconcile
+    from operations.sandbox.services import sandbox_payment_create
+
+    # A payment of another sum than the approved one carries the operation: the lookup's
+    # evidence names both, and the operator decides by comparing them.
+    op = make_unknown(prepared_payment(acme, amount_minor=1_500_000_000))
+    sandbox_payment_create(amount=1_600_000_000, currency="kzt", confirm=True,
+                           metadata={"operation_id": op.id, "tenant": acme.slug})
+    assert operation_reconcile(operation_id=op.id).outcome == "inconclusive"
+    assert "is for 1600000000 KZT, the approved intent for 1500000000 KZT" in (
+        op.evidence.last().summary)
+    for url in ("/operations/unknown/", f"/operations/{op.id}/"):
+        html = signed_in(operator).get(url).content.decode()
+        assert "1600000000 KZT" in html and "1500000000 KZT" in html, url

@@ -247,3 +247,17 @@ def test_it_shows_the_names_of_state_fields_never_their_values(acme, approver):
     assert "jane.doe@example.com" not in html and "ivan@example.org" not in html
     assert "40817810099910004312" not in html
     assert "keys, step" in html and "••••4312, j***@example.com" in html  # jsonb's order
+
+
+@pytest.mark.django_db
+def test_it_masks_an_address_or_account_in_a_launch_reason(lineage, auditor):
+    original, _branch, cp, _op = lineage
+    reason = "anna.smith@example.com asked to pay account 40817810099910004312 instead"
+    branch = Run.objects.create(
+        conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
+        workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=original,
+        parent_checkpoint=cp, launch_reason=reason)
+    for url in (f"/runs/{branch.id}/", f"/runs/{original.id}/"):  # its page; its parent's list
+        html = signed_in(auditor).get(url).content.decode()
+        assert "anna.smith@example.com" not in html and "40817810099910004312" not in html
+        assert "a***@example.com asked to pay account ••••4312 instead" in html, url

@@ -57,6 +57,15 @@ FORMAT_CHARACTERS = (
 # "4111.1111…", "4111/1111…", "4111_1111…") and as text pasted from elsewhere carries it: tabs,
 # non-breaking or repeated spaces, line breaks, typographic dashes, invisible format characters.
 NUMBER_SEPARATORS = r"\s.\-_/\u2010-\u2015\u2212\ufe63\uff0d" + FORMAT_CHARACTERS
+# In a field an approver compares (a payee, an id, a name), an invisible character makes two
+# different values read alike: "vendor_7\u200b7" shows as vendor_77, and a direction mark
+# reorders what is shown. Refused there; a message's own text (params) may hold them.
+_INVISIBLE = re.compile(f"[{FORMAT_CHARACTERS}]")
+
+
+def _invisible_named(value: str) -> str:
+    found = _INVISIBLE.search(value)
+    return f"U+{ord(found.group()):04X}" if found else ""
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     Action.PAYMENTS_CREATE: (
@@ -310,6 +319,16 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
             "carries references, not documents"
         )
     _refuse_secrets(dict(payload), "payload")
+    # After the secrets check: a card number joined by zero-width spaces is refused as one.
+    one_line = [(name, payload[name]) for name in fields]
+    if action == Action.CRM_UPDATE_DEAL:
+        one_line += [(f"patch.{name}", value) for name, value in payload["patch"].items()]
+    for name, value in one_line:
+        if isinstance(value, str) and _invisible_named(value):
+            raise IntentError(
+                f"{action}: {name} holds an invisible character ({_invisible_named(value)}) "
+                "that would make two different values read alike"
+            )
     return dict(payload)
 
 

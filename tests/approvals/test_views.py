@@ -766,3 +766,24 @@ def test_it_tells_a_person_who_may_not_decide_who_does(acme, request, who, prepa
     html = signed_in(user).get(reverse("approvals:detail", args=[approval.id])).content.decode()
     assert "Only an approver on Acme Corp can approve or reject this" in html
     assert 'action="' + reverse("approvals:reject", args=[approval.id]) not in html
+
+
+def test_it_says_when_an_expired_approval_ran_out_not_when_it_was_swept(
+    acme, approver, prepare_payment
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.services import approvals_expire_overdue
+
+    approval = prepare_payment(acme)
+    # The beat was an hour behind: the approval ran out an hour before it was closed.
+    ran_out = timezone.now() - timedelta(hours=1)
+    Approval.objects.filter(id=approval.id).update(expires_at=ran_out)
+    assert approvals_expire_overdue() == 1
+    html = signed_in(approver).get(reverse("approvals:detail", args=[approval.id])).content
+    html = html.decode()
+    assert f"<dt>Expired</dt><dd>at <time datetime=\"{ran_out.isoformat()}\">" \
+        f"{ran_out:%Y-%m-%d %H:%M:%S} UTC</time>" in html
+    assert "closed by the system at" in html

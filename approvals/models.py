@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from operations.ids import new_id
@@ -43,6 +44,10 @@ class Approval(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     comment = models.TextField(blank=True)
+    # Who wrote this intent or one it replaces, or launched the run of any of them (user
+    # ids): four eyes keeps each from approving it, since an intent changed or asked again
+    # unchanged is still their words. Taken when the approval is requested.
+    authors = ArrayField(models.BigIntegerField(), default=list, blank=True)
     superseded_by = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="supersedes"
     )

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
+from operations.models import Operation
 from operations.policy import policy_version_current
 from operations.selectors import tenant_access_require, tenant_ids_for_user
 
@@ -43,11 +44,32 @@ def approval_policy_moved_to(approval: Approval) -> str:
         current} else ""
 
 
+def intent_authors(operation: Operation) -> list[int]:
+    """Who wrote this intent or any it replaces, or launched the run of any of them: a
+    person's intent asked again unchanged by the agent (as an expiry tells it to) is still
+    theirs, and so is one the agent changed."""
+    authors: set[int] = set()
+    op: Operation | None = operation
+    for _ in range(MAX_SUPERSEDES_WALK):
+        if op is None:
+            break
+        authors.update(
+            pk for pk in (op.created_by_id, getattr(op.run, "launched_by_id", None)) if pk
+        )
+        op = op.supersedes
+    return sorted(authors)
+
+
+# Far longer than any chain of replaced intents a person reviews: a bound, not a limit.
+MAX_SUPERSEDES_WALK = 1000
+
+
 def approval_is_own_intent(approval: Approval, user) -> bool:
-    """Four eyes: whoever created the intent or launched its run may not approve it."""
+    """Four eyes: whoever wrote the intent (or one it replaces) or launched its run may not
+    approve it."""
     op = approval.operation
     return user.pk is not None and user.pk in {
-        op.created_by_id, getattr(op.run, "launched_by_id", None)
+        op.created_by_id, getattr(op.run, "launched_by_id", None), *approval.authors
     }
 
 

@@ -12,7 +12,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
-from approvals.selectors import approval_is_own_intent, approval_policy_moved_to
+from approvals.selectors import (
+    approval_is_own_intent,
+    approval_policy_moved_to,
+    intent_authors,
+)
 from operations.engine import AuthorizationRefused, operation_authorize, operation_cancel
 from operations.intents import secret_in_text
 from operations.models import Operation, Tenant
@@ -88,6 +92,7 @@ def approval_request(*, operation: Operation, supersedes: Operation | None = Non
             payload_hash=operation.payload_hash,
             policy_version=operation.policy_version,
             expires_at=timezone.now() + policy.approval_ttl,
+            authors=intent_authors(operation),
         )
         _audit(
             actor=None, action="approval.request", approval=approval, tenant=operation.tenant,

@@ -204,6 +204,25 @@ def test_it_refuses_the_launcher_of_the_run(acme, approver, prepare_payment):
         approval_approve(approval_id=approval.id, actor=approver)
 
 
+@pytest.mark.parametrize("changes", [{}, {"amount_minor": 1_150_000}],
+                         ids=["asked-again-unchanged", "changed-by-the-agent"])
+def test_it_refuses_the_author_of_an_intent_the_one_waiting_replaces(
+    acme, approver, admin_user, prepare_payment, no_execute, changes
+):
+    # The approver writes a payment; a second person rejects it.
+    first = prepare_payment(acme, actor=approver)
+    approval_reject(approval_id=first.id, actor=admin_user, reason="not this vendor")
+    # The agent asks again (unchanged, or changed), replacing it: still the approver's words.
+    again = prepare_payment(acme, supersedes=first.operation, **changes)
+    assert again.authors == [approver.pk]
+    with pytest.raises(ApprovalRefused, match="Four eyes"):
+        approval_approve(approval_id=again.id, actor=approver)
+    assert Approval.objects.get(id=again.id).status == ApprovalStatus.PENDING
+    # Another approver may.
+    approval_approve(approval_id=again.id, actor=admin_user)
+    assert no_execute == [again.operation_id]
+
+
 def test_it_refuses_an_already_decided_approval_naming_who_and_when(
     acme, approver, admin_user, prepare_payment, no_execute
 ):

@@ -199,18 +199,32 @@ def _patch(value: Mapping[str, Any], *, masked: bool) -> str:
     """A deal change stays readable (the approver must see what moves). Masked, except what
     is personal: a field the deal schema masks (the owner's email), and anything that looks
     like an email address or an account number wherever it sits."""
-    masks = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
-
-    def shown(name: str, moved: Any) -> str:
-        if name in TYPED_NUMBERS and isinstance(moved, int):
-            return _patch_amount(value, moved)  # what the approver must see move
-        if masked and masks.get(name):
-            return _mask_value(moved, masks[name])
-        return _nested(moved, masked=masked)
-
     return ", ".join(
-        f"{_key(k, masked=masked)} → {shown(k, v)}" for k, v in sorted(value.items())
+        f"{_key(k, masked=masked)} → {_patch_value(value, k, masked=masked)}"
+        for k in sorted(value)
     )
+
+
+def _patch_value(patch: Mapping[str, Any], name: str, *, masked: bool) -> str:
+    """What one field of a deal change sets it to, as _patch shows it."""
+    moved = patch[name]
+    if name in TYPED_NUMBERS and isinstance(moved, int):
+        return _patch_amount(patch, moved)  # what the approver must see move
+    mask = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}.get(name)
+    if masked and mask:
+        return _mask_value(moved, mask)
+    return _nested(moved, masked=masked)
+
+
+def _param_value(params: Mapping[str, Any], name: str, *, masked: bool) -> str:
+    """One template parameter, as _params shows it."""
+    return _nested(params[name], masked=masked, mask_plain_text=True)
+
+
+# The fields that are objects of their own fields (a deal change, a message's parameters):
+# diffed field by field, so one that changed is a row of its own, and one whose change the
+# mask hides says so even when another beside it visibly changed.
+_KEYED_FIELDS = {"patch": _patch_value, "params": _param_value}
 
 
 def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
@@ -292,6 +306,11 @@ class DiffRow:
     old: str
     new: str
 
+    @property
+    def name(self) -> str:
+        """What changed, in a word: a deal change's "Change: owner" is its owner."""
+        return self.label.rpartition(": ")[2]
+
 
 def intent_diff(
     *,
@@ -321,6 +340,11 @@ def intent_diff(
                     )
                 )
             continue
+        keyed = _KEYED_FIELDS.get(spec.name)
+        old_value, new_value = old_payload.get(spec.name), new_payload.get(spec.name)
+        if keyed and isinstance(old_value, Mapping) and isinstance(new_value, Mapping):
+            diff.extend(_keyed_diff(spec.label, keyed, old_value, new_value, unmasked))
+            continue
         old = old_rows.get(spec.name)
         new = new_rows.get(spec.name)
         old_shown, new_shown = old.value if old else "—", new.value if new else "—"
@@ -338,3 +362,26 @@ def intent_diff(
     if old_policy != new_policy:
         diff.append(DiffRow("Policy version", old_policy, new_policy))
     return diff
+
+
+def _keyed_diff(
+    label: str, shown: Any, old: Mapping[str, Any], new: Mapping[str, Any], unmasked: bool
+) -> list[DiffRow]:
+    rows = []
+    for name in sorted(set(old) | set(new)):
+        old_shown = shown(old, name, masked=not unmasked) if name in old else "—"
+        new_shown = shown(new, name, masked=not unmasked) if name in new else "—"
+        row_label = f"{label}: {_key(name, masked=not unmasked)}"
+        if old.get(name, _ABSENT) == new.get(name, _ABSENT):
+            # Unchanged, unless it reads otherwise: the same amount in a change that now
+            # names another currency is another sum.
+            if old_shown != new_shown:
+                rows.append(DiffRow(row_label, old_shown, new_shown))
+            continue
+        if old_shown == new_shown:
+            new_shown += " (changed in the masked part)"
+        rows.append(DiffRow(row_label, old_shown, new_shown))
+    return rows
+
+
+_ABSENT = object()

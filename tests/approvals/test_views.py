@@ -755,6 +755,18 @@ def test_it_names_what_changed_in_a_changed_intents_heading(acme, approver, prep
     html = signed_in(approver).get(
         reverse("approvals:detail", args=[unchanged.id])).content.decode()
     assert "changed:" not in _heading(html, unchanged)
+    # A deal change names the fields it moves, each a row of the diff.
+    deal = {"target": "deal_1", "expected_version": 3,
+            "patch": {"stage": "won", "owner": "anna@example.com"}}
+    first = operation_prepare(tenant=acme, action="crm.update_deal", payload=deal)
+    second = operation_prepare(tenant=acme, action="crm.update_deal", supersedes=first,
+                               payload={**deal, "patch": {"stage": "lost",
+                                                          "owner": "alex@example.com"}})
+    changed = Approval.objects.get(operation=second)
+    html = signed_in(approver).get(
+        reverse("approvals:detail", args=[changed.id])).content.decode()
+    assert "changed: owner, stage" in _heading(html, changed)
+    assert "<td>Change: owner</td>" in html and "changed in the masked part" in html
 
 
 @pytest.mark.parametrize("who", ["operator", "auditor"])

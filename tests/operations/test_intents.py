@@ -238,6 +238,37 @@ def test_it_diffs_field_by_field_masked():
     ]
 
 
+def test_it_diffs_a_deal_change_and_message_parameters_field_by_field():
+    # The owner is handed over while the stage moves: both are rows, and the owner's change,
+    # which the mask hides, says so, though the stage's beside it visibly changed.
+    old = {"target": "deal_1", "expected_version": 3,
+           "patch": {"stage": "won", "owner": "anna@example.com"}}
+    new = {**old, "patch": {"stage": "lost", "owner": "alex@example.com",
+                            "amount_minor": 500_000, "currency": "EUR"}}
+    diff = intent_diff(action="crm.update_deal", old_payload=old, new_payload=new)
+    assert [(d.label, d.old, d.new) for d in diff] == [
+        ("Change: amount_minor", "—", "5,000.00 EUR"),
+        ("Change: currency", "—", "EUR"),
+        ("Change: owner", "a***@example.com", "a***@example.com (changed in the masked part)"),
+        ("Change: stage", "won", "lost"),
+    ]
+    # The same amount in a change that now names another currency is another sum.
+    again = {**new, "patch": {**new["patch"], "currency": "JPY"}}
+    diff = intent_diff(action="crm.update_deal", old_payload=new, new_payload=again)
+    assert [(d.label, d.old, d.new) for d in diff] == [
+        ("Change: amount_minor", "5,000.00 EUR", "500,000 JPY"),
+        ("Change: currency", "EUR", "JPY"),
+    ]
+    mail = {"to": "anna@example.com", "template": "contract",
+            "params": {"contact": "Anna", "amount": 100}}
+    diff = intent_diff(action="mail.send", old_payload=mail, new_payload={
+        **mail, "params": {"contact": "Alma", "amount": 200}})
+    assert [(d.label, d.old, d.new) for d in diff] == [
+        ("Template parameters: amount", "100", "200"),
+        ("Template parameters: contact", "A***a", "A***a (changed in the masked part)"),
+    ]
+
+
 @pytest.mark.parametrize(
     "params",
     [

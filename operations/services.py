@@ -30,6 +30,16 @@ def _shell_user() -> str:
     return f"shell:{name}"[:150]
 
 
+def shell_person() -> AbstractBaseUser | None:
+    """The console account of the shell's user (the same username), if there is one: what
+    they prepare from a shell is their own intent, which four eyes keeps them from
+    approving in the console."""
+    from django.contrib.auth import get_user_model
+
+    name = _shell_user().removeprefix("shell:")
+    return get_user_model().objects.filter(username=name, is_active=True).first()
+
+
 @contextmanager
 def audit_actor_from_shell() -> Iterator[str]:
     """Audit rows written inside name the shell's user when they have no signed-in actor."""

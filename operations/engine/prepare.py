@@ -48,8 +48,11 @@ def operation_prepare(
     command_id: str = "",
     supersedes: Operation | None = None,
     actor: AbstractUser | None = None,
+    author: AbstractUser | None = None,
 ) -> Operation:
     """Record the canonical intent before anything is called. Validates; never calls out.
+    `author`: whose intent it is when no signed-in `actor` prepares it (the console account
+    of a shell's user); four eyes keeps them from approving it.
 
     Preparing the same command of the same run again with the same intent returns the
     existing operation (a resumed node re-runs its code); a different intent for it must
@@ -168,7 +171,7 @@ def operation_prepare(
             command_id=command_id or (supersedes.command_id if supersedes else ""),
             supersedes=supersedes,
             requires_approval=requires,
-            created_by=actor,
+            created_by=actor or author,
         )
         audit_event_record(
             actor=actor,

@@ -223,6 +223,39 @@ def test_it_refuses_the_author_of_an_intent_the_one_waiting_replaces(
     assert no_execute == [again.operation_id]
 
 
+def test_it_refuses_the_person_who_prepared_the_intent_from_a_shell(
+    acme, approver, admin_user, monkeypatch, no_execute
+):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    from tests.approvals.conftest import payment_payload
+
+    # The approver, on the console's host as themselves (behind sudo), prepares a payment.
+    monkeypatch.setenv("SUDO_USER", approver.username)
+    out = io.StringIO()
+    call_command("operations", "prepare", "--tenant", "acme", "--action", "payments.create",
+                 "--payload", json.dumps(payment_payload()), stdout=out)
+    op = Operation.objects.get(id=out.getvalue().strip())
+    assert op.created_by == approver
+    # The trail still names the shell's user, as for every command.
+    prepared = AuditEvent.objects.get(action="operation.prepare", object_id=op.id)
+    assert prepared.actor is None and prepared.actor_username == f"shell:{approver.username}"
+    approval = Approval.objects.get(operation=op)
+    with pytest.raises(ApprovalRefused, match="Four eyes"):
+        approval_approve(approval_id=approval.id, actor=approver)
+    approval_approve(approval_id=approval.id, actor=admin_user)
+    assert no_execute == [op.id]
+    # A shell user with no console account of that name prepares with no author.
+    monkeypatch.setenv("SUDO_USER", "deploy")
+    out = io.StringIO()
+    call_command("operations", "prepare", "--tenant", "acme", "--action", "payments.create",
+                 "--payload", json.dumps(payment_payload(invoice_id="inv_deploy")), stdout=out)
+    assert Operation.objects.get(id=out.getvalue().strip()).created_by is None
+
+
 def test_it_refuses_an_already_decided_approval_naming_who_and_when(
     acme, approver, admin_user, prepare_payment, no_execute
 ):

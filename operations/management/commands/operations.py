@@ -15,7 +15,7 @@ from django.utils import timezone
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
 from operations.intents import IntentError, intent_summary
 from operations.models import Operation, OperationStatus, Run, Tenant
-from operations.services import audit_actor_from_shell
+from operations.services import audit_actor_from_shell, shell_person
 
 # What `list` takes at once: past this, page with a narrower status or read the journal.
 LIST_LIMIT_MAX = 10_000
@@ -197,6 +197,7 @@ class Command(BaseCommand):
                 run=run,
                 command_id=options["command_id"],
                 supersedes=supersedes,
+                author=shell_person(),
             )
         except IntentError as exc:
             raise CommandError(f"intent refused: {exc}") from exc

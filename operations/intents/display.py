@@ -89,20 +89,21 @@ def mask_inline(text: str) -> str:
 # A run of digits standing on its own (not inside an id such as pi_3Nk123… or a hash) that
 # is long enough to be an account or phone number: ten digits or more, brackets allowed
 # between groups as phone numbers are written. Matched first and kept: a date, with or
-# without its time, so "2026-12-03 10:00" is not read as one number. An IBAN (its groups of
-# four each hold a digit, so a word after it is not taken in) is masked however long.
+# without its time, so "2026-12-03 10:00" is not read as one number. An IBAN is masked
+# however long: written whole, or in groups of four with one space between (and a shorter
+# last one), so a sum or a word after it is not taken in.
 _DATE = r"\d{4}-\d{2}-\d{2}|\d{1,2}[./]\d{1,2}[./]\d{4}"
-_IBAN = r"[A-Z]{2}\d{2}(?:[A-Z0-9]{11,30}|(?: ?(?=[A-Z]{0,3}\d)[A-Z0-9]{1,4}){3,8})"
+_IBAN = r"[A-Z]{2}\d{2}(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)"
 _PERSON_TEXT_NUMBERS = re.compile(
     rf"(?P<date>(?<!\w)(?:{_DATE})(?:[ T]\d{{1,2}}:\d{{2}}(?::\d{{2}})?)?)"
     rf"|(?P<iban>(?<!\w){_IBAN}(?!\w))"
     rf"|(?P<digits>(?<!\w)\d(?:[\d{NUMBER_SEPARATORS}()]*\d)?(?!\w))"
 )
 _PERSON_TEXT_DIGITS = 10
-# An amount is read, not hidden: a sum with its currency code beside it ("1500000000 KZT",
-# "KZT 1500000000"), or written with its cents ("12 500 000.00").
+# An amount is read, not hidden: a sum followed by its currency code ("1500000000 KZT", as
+# the engine writes them), or written with its cents ("12 500 000.00"). Not a code before
+# it: a label ("ACCT 4081…", "PHONE 8701…") reads just like one.
 _CURRENCY_AFTER = re.compile(r" ?[A-Z]{3}(?![A-Za-z])")
-_CURRENCY_BEFORE = re.compile(r"(?<![A-Za-z])[A-Z]{3} ?$")
 _CENTS = re.compile(r"[.,]\d{2}$")
 # Minor units of any sum an intent may hold (±2^53) have at most 16 digits; a longer run is
 # an account however it is labelled.
@@ -115,10 +116,9 @@ def _person_text_number(match: re.Match[str]) -> str:
     digits = match.group("digits")
     if not digits or sum(c.isdigit() for c in digits) < _PERSON_TEXT_DIGITS:
         return match.group()
-    text, start, end = match.string, match.start(), match.end()
-    amount_like = sum(c.isdigit() for c in digits) <= _AMOUNT_DIGITS and (
-        _CURRENCY_AFTER.match(text, end) or _CURRENCY_BEFORE.search(text[max(0, start - 4):start])
-        or _CENTS.search(digits)
+    text, end = match.string, match.end()
+    amount_like = sum(c.isdigit() for c in digits) <= _AMOUNT_DIGITS and bool(
+        _CURRENCY_AFTER.match(text, end) or _CENTS.search(digits)
     )
     if amount_like:
         return digits

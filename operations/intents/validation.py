@@ -61,10 +61,14 @@ NUMBER_SEPARATORS = r"\s.\-_/\u2010-\u2015\u2212\ufe63\uff0d" + FORMAT_CHARACTER
 # different values read alike: "vendor_7\u200b7" shows as vendor_77, and a direction mark
 # reorders what is shown. Refused there; a message's own text (params) may hold them.
 _INVISIBLE = re.compile(f"[{FORMAT_CHARACTERS}]")
+# A deal's name is written in its language: Persian spells words with the zero-width
+# non-joiner, and an emoji sequence is held together by the joiner. Allowed in names only.
+_INVISIBLE_IN_NAMES = re.compile(f"(?![\u200c\u200d])[{FORMAT_CHARACTERS}]")
+_NAMES = {"name", "patch.name"}
 
 
-def _invisible_named(value: str) -> str:
-    found = _INVISIBLE.search(value)
+def _invisible_named(value: str, *, field: str = "") -> str:
+    found = (_INVISIBLE_IN_NAMES if field in _NAMES else _INVISIBLE).search(value)
     return f"U+{ord(found.group()):04X}" if found else ""
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
@@ -324,9 +328,10 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     if action == Action.CRM_UPDATE_DEAL:
         one_line += [(f"patch.{name}", value) for name, value in payload["patch"].items()]
     for name, value in one_line:
-        if isinstance(value, str) and _invisible_named(value):
+        invisible = _invisible_named(value, field=name) if isinstance(value, str) else ""
+        if invisible:
             raise IntentError(
-                f"{action}: {name} holds an invisible character ({_invisible_named(value)}) "
+                f"{action}: {name} holds an invisible character ({invisible}) "
                 "that would make two different values read alike"
             )
     return dict(payload)

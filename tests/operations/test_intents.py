@@ -648,11 +648,24 @@ def test_it_masks_an_email_address_whatever_letters_its_top_level_domain_is_in(t
          "beneficiary_id holds an invisible character (U+202E)"),
         ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "anna\u2060@example.com"}},
          "patch.owner holds an invisible character (U+2060)"),
+        ("crm.create_deal", {**DEAL, "name": "Renewal\u200b"},
+         "name holds an invisible character (U+200B)"),
     ],
 )
 def test_it_refuses_control_characters_in_an_intent(action, payload, said):
     with pytest.raises(IntentError, match=re.escape(said)):
         intent_validate(action=action, payload=payload)
+
+
+@pytest.mark.parametrize("name", [
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, spelled with a ZWNJ
+    "Launch \U0001f468\u200d\U0001f4bb",  # an emoji held together by a ZWJ
+])
+def test_it_keeps_a_deal_name_as_its_language_spells_it(name):
+    intent_validate(action="crm.create_deal", payload={**DEAL, "name": name})
+    intent_validate(action="crm.update_deal", payload={**DEAL_CHANGE, "patch": {"name": name}})
+    with pytest.raises(IntentError, match="invisible character"):
+        intent_validate(action="payments.create", payload={**PAYMENT, "beneficiary_id": name})
 
 
 @pytest.mark.parametrize("body", [
@@ -695,14 +708,20 @@ def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():
     ("sha256:0123456789012345abcdef, 150000000 KZT", "sha256:0123456789012345abcdef, "
      "150000000 KZT"),
     # Sums are read, not hidden: with their currency, or written with their cents.
-    ("is for 1600000000 KZT, the approved intent for KZT 1500000000",
-     "is for 1600000000 KZT, the approved intent for KZT 1500000000"),
+    ("is for 1600000000 KZT, the approved intent for 1500000000 KZT",
+     "is for 1600000000 KZT, the approved intent for 1500000000 KZT"),
     ("12 500 000.00 came back", "12 500 000.00 came back"),
     ("account 40817810099910004312 USD", "account ••••4312 USD"),  # too long for a sum
-    # Phone numbers as people write them, and IBANs as banks print them.
+    # A label before a number is no currency, however it is written.
+    ("PHONE 87015550199, ACCT 4081781009991000", "PHONE ••••0199, ACCT ••••1000"),
+    # Phone numbers as people write them, and IBANs as banks print them, whole or grouped
+    # (with a bank code in letters); what follows one is not taken in.
     ("call +7 (701) 123-45-67", "call +••••5-67"),
     ("IBAN KZ86125KZT5004100100 paid", "IBAN ••••0100 paid"),
-    ("IBAN DE89 3704 0044 0532 0130 00 PAID", "IBAN ••••0 00 PAID"),
+    ("IBAN GB29 NWBK 6016 1331 9268 19", "IBAN ••••8 19"),
+    ("to IBAN DE89 3704 0044 0532 0130 00 12500 EUR", "to IBAN ••••0 00 12500 EUR"),
+    ("SWIFT MT103 of 2026-12-03, FY2026 Q1, ticket AB12 3456",
+     "SWIFT MT103 of 2026-12-03, FY2026 Q1, ticket AB12 3456"),
 ])
 def test_it_masks_addresses_and_long_numbers_in_what_a_person_typed(typed, shown):
     assert mask_person_text(typed) == shown

@@ -21,13 +21,16 @@ from operations.selectors import AuditFilters, tenants_for_user
 _shell_actor: ContextVar[str] = ContextVar("shell_actor", default="")
 
 
-def _shell_user() -> str:
+def _shell_name() -> str:
     # Behind sudo, the person who typed it, not root; a container's user may have no name.
     try:
-        name = os.environ.get("SUDO_USER") or getpass.getuser()
+        return os.environ.get("SUDO_USER") or getpass.getuser()
     except (OSError, KeyError):
-        name = f"uid {os.getuid()}"
-    return f"shell:{name}"[:150]
+        return f"uid {os.getuid()}"
+
+
+def _shell_user() -> str:
+    return f"shell:{_shell_name()}"[:150]
 
 
 def shell_person() -> AbstractBaseUser | None:
@@ -36,8 +39,7 @@ def shell_person() -> AbstractBaseUser | None:
     approving in the console."""
     from django.contrib.auth import get_user_model
 
-    name = _shell_user().removeprefix("shell:")
-    return get_user_model().objects.filter(username=name, is_active=True).first()
+    return get_user_model().objects.filter(username=_shell_name(), is_active=True).first()
 
 
 @contextmanager

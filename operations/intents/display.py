@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -76,13 +76,16 @@ def mask_text(value: str) -> str:
     return value[:1] + "***" + value[-1:]
 
 
+def _emails_masked(text: str) -> str:
+    return _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
+
+
 def mask_inline(text: str) -> str:
     """Text a person must read (a deal's name), with what is personal in it masked."""
-    text = _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
     return _EMBEDDED_DIGITS.sub(
         lambda m: mask_digits(m.group()) if sum(c.isdigit() for c in m.group()) >= 6
         else m.group(),
-        text,
+        _emails_masked(text),
     )
 
 
@@ -130,8 +133,7 @@ def mask_person_text(text: str) -> str:
     email addresses and account or phone numbers in it masked where they stand. Their
     words are checked for card numbers and secrets when written; this is for what is only
     personal."""
-    text = _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
-    return _PERSON_TEXT_NUMBERS.sub(_person_text_number, text)
+    return _PERSON_TEXT_NUMBERS.sub(_person_text_number, _emails_masked(text))
 
 
 def _mask_value(value: Any, how: str) -> str:
@@ -190,8 +192,7 @@ def _key(key: str, *, masked: bool) -> str:
 def _params(value: Mapping[str, Any], *, masked: bool) -> str:
     """Template parameters: free text about a person, masked whole unless asked."""
     return ", ".join(
-        f"{_key(k, masked=masked)}: {_nested(v, masked=masked, mask_plain_text=True)}"
-        for k, v in sorted(value.items())
+        f"{_key(k, masked=masked)}: {_param_value(value, k, masked=masked)}" for k in sorted(value)
     )
 
 
@@ -210,10 +211,14 @@ def _patch_value(patch: Mapping[str, Any], name: str, *, masked: bool) -> str:
     moved = patch[name]
     if name in TYPED_NUMBERS and isinstance(moved, int):
         return _patch_amount(patch, moved)  # what the approver must see move
-    mask = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}.get(name)
+    mask = _DEAL_FIELD_MASKS.get(name)
     if masked and mask:
         return _mask_value(moved, mask)
     return _nested(moved, masked=masked)
+
+
+# How a deal change masks a field: as the deal's own schema does (the owner's email).
+_DEAL_FIELD_MASKS = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
 
 
 def _param_value(params: Mapping[str, Any], name: str, *, masked: bool) -> str:
@@ -221,10 +226,12 @@ def _param_value(params: Mapping[str, Any], name: str, *, masked: bool) -> str:
     return _nested(params[name], masked=masked, mask_plain_text=True)
 
 
+# One field of a deal change or of a message's parameters, as a person sees it.
+FieldShown = Callable[..., str]
 # The fields that are objects of their own fields (a deal change, a message's parameters):
 # diffed field by field, so one that changed is a row of its own, and one whose change the
 # mask hides says so even when another beside it visibly changed.
-_KEYED_FIELDS = {"patch": _patch_value, "params": _param_value}
+_KEYED_FIELDS: dict[str, FieldShown] = {"patch": _patch_value, "params": _param_value}
 
 
 def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
@@ -365,7 +372,8 @@ def intent_diff(
 
 
 def _keyed_diff(
-    label: str, shown: Any, old: Mapping[str, Any], new: Mapping[str, Any], unmasked: bool
+    label: str, shown: FieldShown, old: Mapping[str, Any], new: Mapping[str, Any],
+    unmasked: bool,
 ) -> list[DiffRow]:
     rows = []
     for name in sorted(set(old) | set(new)):

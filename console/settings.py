@@ -9,7 +9,6 @@ import math
 import os
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -22,6 +21,7 @@ from console.env import (
     local_web_port,
     read_config,
 )
+from operations.providers.base import sandbox_endpoint
 
 CONFIG = read_config(os.environ)
 
@@ -321,14 +321,6 @@ DEMO_PASSWORD = os.environ.get("DEMO_PASSWORD", "")
 _SANDBOX_BASE = f"http://127.0.0.1:{local_web_port(os.environ)}/sandbox"
 
 
-def _is_sandbox(base: str) -> bool:
-    """This console's own sandbox: /sandbox/ on loopback (of whatever port it runs on)."""
-    parts = urlsplit(base)
-    return parts.hostname in {"127.0.0.1", "localhost", "::1"} and parts.path.startswith(
-        "/sandbox/"
-    )
-
-
 def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
     """An API key or webhook secret. Its default is the sandbox's, printed in this file, so
     it serves only the sandbox: with DEBUG off and the provider's base elsewhere, anyone
@@ -336,7 +328,7 @@ def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
     value = os.environ.get(name, "")
     if value:
         return value
-    if not DEBUG and not _is_sandbox(base):
+    if not DEBUG and not sandbox_endpoint(base):
         raise ConfigError(f"{name} must be set: its provider is not the sandbox ({base})")
     if not DEBUG:
         # A demo deployment serves its sandbox to the world: with the printed value anyone
@@ -388,7 +380,7 @@ SANDBOX_WEBHOOK_TARGET = os.environ.get(
 )
 for _name, _base in (("PAYMENTS_API_BASE", PAYMENTS_API_BASE), ("CRM_API_BASE", CRM_API_BASE),
                      ("MAIL_API_BASE", MAIL_API_BASE)):
-    if _is_sandbox(_base) and not SANDBOX_ENABLED:
+    if sandbox_endpoint(_base) and not SANDBOX_ENABLED:
         # Every effect would fail against a sandbox that is not served: say so at start.
         raise ConfigError(
             f"{_name} points at the sandbox ({_base}), which is off with DEBUG off: set "

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from operations.engine.core import call_reach_until, lease_duration
-from operations.models import Attempt, AttemptKind, Tenant
+from operations.models import Attempt, AttemptKind, Checkpoint, Run, RunMode, Tenant
 
 PASSWORD = "correct horse battery staple"
 
@@ -57,3 +57,41 @@ class CallAttemptFactory(factory.django.DjangoModelFactory):
         if o.timeout is None
         else o.started_at + lease_duration() + timedelta(seconds=o.timeout)
     )
+
+
+class RunFactory(factory.django.DjangoModelFactory):
+    """An original run; `derived_from=<checkpoint>` makes a replay or branch of its run."""
+
+    class Meta:
+        model = Run
+
+    class Params:
+        derived_from = None
+
+    conversation_id = factory.LazyAttributeSequence(
+        lambda o, n: o.derived_from.run.conversation_id if o.derived_from else f"conv_{n:06d}")
+    tenant = factory.Maybe(
+        "derived_from",
+        yes_declaration=factory.LazyAttribute(lambda o: o.derived_from.run.tenant),
+        no_declaration=factory.SubFactory(TenantFactory),
+    )
+    workflow_name = "pay_invoices"
+    workflow_version = 7
+    state_schema_version = 4
+    mode = factory.LazyAttribute(
+        lambda o: RunMode.ORIGINAL if o.derived_from is None else RunMode.BRANCH)
+    parent_checkpoint = factory.LazyAttribute(lambda o: o.derived_from)
+    parent_run = factory.LazyAttribute(lambda o: o.derived_from and o.derived_from.run)
+    launch_reason = factory.LazyAttribute(
+        lambda o: "" if o.derived_from is None else "reproduce the lost answer")
+
+
+class CheckpointFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Checkpoint
+
+    run = factory.SubFactory(RunFactory)
+    sequence = factory.Sequence(lambda n: n + 1)
+    node = "prepare_payment"
+    state = factory.LazyFunction(lambda: {"invoice": "inv_9182"})
+    state_hash = "sha256:" + "a" * 64

@@ -30,7 +30,7 @@ from operations.engine.late_answers import (
     late_answer_decide,
     webhook_events_hold_another_object,
 )
-from operations.engine.prepare import authorization_problem
+from operations.engine.prepare import call_problem
 from operations.engine.reconcile import operation_reconcile
 from operations.engine.webhooks import (
     webhook_events_decide_kept,
@@ -101,7 +101,7 @@ def _operation_execute(
     *, operation_id: str, worker: str, asked: _Asked | None = None
 ) -> ExecuteReport:
     worker = worker or worker_name()
-    op = Operation.objects.select_related("tenant").get(id=operation_id)
+    op = Operation.objects.select_related("tenant", "run").get(id=operation_id)
 
     if op.status == S.SUCCEEDED:
         return ExecuteReport(op.id, "already_succeeded", op.status, "stored result returned")
@@ -117,7 +117,9 @@ def _operation_execute(
     elif op.status == S.IN_PROGRESS:
         return ExecuteReport(op.id, "held_elsewhere", op.status, f"leased by {op.lease_owner}")
 
-    problem = authorization_problem(op)
+    # The run's mode was checked at prepare; checked again here, as the launcher's
+    # permission or the provider's endpoint may have changed since.
+    code, problem = call_problem(op)
     if problem == "missing":
         return ExecuteReport(op.id, "awaiting_authorization", op.status)
     if problem and op.provider_calls:
@@ -137,7 +139,7 @@ def _operation_execute(
             "before it is closed",
             data={"problem": problem, "calls": op.provider_calls},
             fields={
-                "error_code": "authorization", "error_message": problem,
+                "error_code": code, "error_message": problem,
                 "next_reconcile_at": max(recheck, lands_by) if lands_by else recheck,
             },
         )
@@ -157,7 +159,7 @@ def _operation_execute(
             evidence_kind=EvidenceKind.AUTHORIZATION,
             summary=f"not executed: {problem}",
             data={"problem": problem},
-            fields={"error_code": "authorization", "error_message": problem},
+            fields={"error_code": code, "error_message": problem},
         )
         op.refresh_from_db()
         if not cancelled:  # another worker claimed (or cancelled) it first

@@ -31,9 +31,13 @@ from operations.models import (
     EvidenceKind,
     Operation,
     Run,
+    RunMode,
     Tenant,
 )
 from operations.policy import policy_for, policy_version_current
+from operations.providers import adapter_for
+from operations.providers.base import EffectClass, sandbox_endpoint
+from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 from operations.signals import operation_prepared
 
@@ -65,6 +69,8 @@ def operation_prepare(
         raise IntentError(f"run {run.id} belongs to another tenant")
     if checkpoint is not None and (run is None or checkpoint.run_id != run.id):
         raise IntentError(f"checkpoint {checkpoint.id} is not a checkpoint of the given run")
+    if problem := run_mode_problem(run=run, action=action):
+        raise IntentError(problem)
     limit = Operation._meta.get_field("command_id").max_length
     if len(command_id) > limit:
         # The caller's mistake, said as one: not a database error deep in the insert.
@@ -285,6 +291,44 @@ def operation_authorize(
         )
     op.refresh_from_db()
     return op
+
+
+def run_mode_problem(*, run: Run | None, action: str) -> str:
+    """Why the run's mode forbids calling `action` (empty when it allows it). A replay's
+    runtime prepares its nodes' commands again in the new run, under new keys that the
+    provider dedups nothing against: what the original run already paid would be paid twice.
+    So an evidence replay calls nothing, a simulation only this console's sandbox, and a live
+    replay makes irreversible effects only when whoever launched it may."""
+    if run is None or run.mode in (RunMode.ORIGINAL, RunMode.BRANCH):
+        return ""
+    if run.mode == RunMode.EVIDENCE:
+        return (f"run {run.id} is an evidence replay: it replays recorded outputs and calls "
+                "no provider")
+    adapter = adapter_for(action)
+    if run.mode == RunMode.SIMULATION:
+        if sandbox_endpoint(adapter.endpoint()):
+            return ""
+        return (f"run {run.id} is a simulation: it calls this console's sandbox providers "
+                f"only, and {adapter.contract.provider} requests go to another endpoint")
+    if adapter.contract.effect_class != EffectClass.IRREVERSIBLE:
+        return ""
+    launcher = run.launched_by
+    if launcher is not None and tenant_perm_held(launcher, "replay_live_irreversible",
+                                                 run.tenant):
+        return ""
+    who = launcher.get_username() if launcher is not None else "no one named"
+    return (f"run {run.id} is a live replay launched by {who}, who may not make an "
+            f"irreversible effect ({action}) in a replay")
+
+
+def call_problem(op: Operation) -> tuple[str, str]:
+    """(error code, why) when the operation may not be called now, its authorization or its
+    run's mode forbidding it; ("", "") when it may."""
+    if problem := authorization_problem(op):
+        return "authorization", problem
+    if problem := run_mode_problem(run=op.run, action=op.action):
+        return "run_mode", problem
+    return "", ""
 
 
 def authorization_problem(op: Operation) -> str:

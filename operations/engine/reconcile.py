@@ -34,7 +34,7 @@ from operations.engine.core import (
     unanswered_call_lands_by,
     worker_name,
 )
-from operations.engine.prepare import authorization_problem
+from operations.engine.prepare import call_problem
 from operations.engine.webhooks import provider_report_held, webhook_events_decide_kept
 from operations.models import (
     Attempt,
@@ -264,7 +264,7 @@ def _record_lookup(
         return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
 
     if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
-        problem = authorization_problem(op)
+        code, problem = call_problem(op)
         newest = _newest_call(op)
         refusal = _refusal(newest)
         # Absent so far is not absent while an earlier call may still reach the provider.
@@ -301,7 +301,7 @@ def _record_lookup(
                           "error_message": refusal["error_message"]}
             else:
                 to, detail, why = S.CANCELLED, problem, f"not called again: {problem}"
-                fields = {"error_code": "authorization", "error_message": problem}
+                fields = {"error_code": code, "error_message": problem}
             # An object the provider reported while a call was in flight is one this lookup
             # did not see: held with the closing.
             _transition_deciding_kept(

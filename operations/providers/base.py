@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 
 class EffectClass(StrEnum):
@@ -195,8 +196,20 @@ class WebhookSignatureError(Exception):
     """The body was not signed by the provider (or the signature is too old)."""
 
 
+def sandbox_endpoint(base: str) -> bool:
+    """This console's own sandbox: /sandbox/ on loopback (of whatever port it runs on)."""
+    parts = urlsplit(base)
+    return parts.hostname in {"127.0.0.1", "localhost", "::1"} and parts.path.startswith(
+        "/sandbox/"
+    )
+
+
 class ProviderAdapter(Protocol):
     contract: ToolContract
+
+    def endpoint(self) -> str:
+        """The base URL requests go to now."""
+        ...
 
     def account(self) -> str:
         """The fingerprint of the provider account requests go to now (`transport.

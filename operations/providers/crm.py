@@ -95,6 +95,9 @@ class CrmCreateDealAdapter:
         "+ list deals by it",
     )
 
+    def endpoint(self) -> str:
+        return _base()
+
     def account(self) -> str:
         return _account()
 
@@ -158,6 +161,9 @@ class CrmUpdateDealAdapter:
         same_key_retry_safe=False,
         dedup_method="expected_version + applied_operation_ids on the deal",
     )
+
+    def endpoint(self) -> str:
+        return _base()
 
     def account(self) -> str:
         return _account()

@@ -71,6 +71,9 @@ class MailSendAdapter:
         dedup_method="Idempotency-Key header + list messages by it",
     )
 
+    def endpoint(self) -> str:
+        return _base()
+
     def account(self) -> str:
         return account_fingerprint(settings.MAIL_API_BASE, settings.MAIL_API_KEY)
 

@@ -103,7 +103,7 @@ class PaymentsCreateAdapter:
             dedup_method="Idempotency-Key header + search by metadata['operation_id']",
         )
 
-    def _base(self) -> str:
+    def endpoint(self) -> str:
         return settings.PAYMENTS_API_BASE.rstrip("/")
 
     def account(self) -> str:
@@ -134,7 +134,7 @@ class PaymentsCreateAdapter:
     def call(self, op: OperationSnapshot) -> CallResult:
         params = self.params(op)
         answer = send(
-            "POST", f"{self._base()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
+            "POST", f"{self.endpoint()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
             headers={**self._headers(), "Idempotency-Key": op.idempotency_key}, data=params,
         )
         result = call_result(
@@ -189,7 +189,7 @@ class PaymentsCreateAdapter:
             }
 
         return lookup_by_id(
-            f"{self._base()}/v1/payment_intents/{path_segment(external_id)}",
+            f"{self.endpoint()}/v1/payment_intents/{path_segment(external_id)}",
             api_key=settings.PAYMENTS_API_KEY, what=f"payment {external_id}", found=found,
             headers=self._headers(),
         )
@@ -197,7 +197,7 @@ class PaymentsCreateAdapter:
     def _search(self, op: OperationSnapshot) -> LookupResult:
         method = LookupMethod.UNIQUE_FIELD
         answer = send(
-            "GET", f"{self._base()}/v1/payment_intents/search",
+            "GET", f"{self.endpoint()}/v1/payment_intents/search",
             api_key=settings.PAYMENTS_API_KEY, headers=self._headers(),
             params={"query": f"metadata['operation_id']:'{op.id}'"},
         )

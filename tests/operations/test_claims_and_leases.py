@@ -244,7 +244,7 @@ def test_it_does_not_claim_what_another_worker_moved_on_after_its_read(
     if meanwhile == "call_in_flight":
         settings.PROVIDER_TIMEOUT_SECONDS = 5  # B waits for its slow answer
     op = authorized_payment(acme, approver)
-    real_check = execute_module.authorization_problem
+    real_check = execute_module.call_problem
     other: dict = {}
 
     def another_worker_goes_first(op_):
@@ -265,7 +265,7 @@ def test_it_does_not_claim_what_another_worker_moved_on_after_its_read(
                          .exists(), what="worker B's claim")
         return problem
 
-    monkeypatch.setattr(execute_module, "authorization_problem", another_worker_goes_first)
+    monkeypatch.setattr(execute_module, "call_problem", another_worker_goes_first)
     report = engine.operation_execute(operation_id=op.id, worker="A")
     assert report.outcome == "lost_claim", report
     if "call" in other:
@@ -312,7 +312,7 @@ def test_it_does_not_call_when_the_authorization_lapses_between_its_check_and_th
 
     op = authorized_payment(acme, approver)
     hash_before = op.payload_hash
-    real_check = execute_module.authorization_problem
+    real_check = execute_module.call_problem
 
     def lapses_right_after_the_check(op_):
         problem = real_check(op_)
@@ -322,14 +322,14 @@ def test_it_does_not_call_when_the_authorization_lapses_between_its_check_and_th
             settings.POLICY_VERSION_OVERRIDES = {"payments.create": "payments-v4"}
         return problem
 
-    monkeypatch.setattr(execute_module, "authorization_problem", lapses_right_after_the_check)
+    monkeypatch.setattr(execute_module, "call_problem", lapses_right_after_the_check)
     report = engine.operation_execute(operation_id=op.id)
     op.refresh_from_db()
     assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED
     assert op.provider_calls == 0 and not op.attempts.exists()
     assert sandbox_counts()["requests"] == 0 and PaymentIntent.objects.count() == 0
     # The next delivery sees the lapse at its check and closes it, still without a call.
-    monkeypatch.setattr(execute_module, "authorization_problem", real_check)
+    monkeypatch.setattr(execute_module, "call_problem", real_check)
     assert engine.operation_execute(operation_id=op.id).outcome == "cancelled"
     op.refresh_from_db()
     assert sandbox_counts()["requests"] == 0 and op.payload_hash == hash_before

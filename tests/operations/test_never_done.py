@@ -80,7 +80,7 @@ def test_it_does_not_cancel_on_a_stale_read_after_another_worker_called(
     op = authorized_payment(acme, approver)
     runs_out_at = timezone.now() + timedelta(seconds=2)
     Operation.objects.filter(id=op.id).update(authorization_expires_at=runs_out_at)
-    real_check = execute_module.authorization_problem
+    real_check = execute_module.call_problem
     other: dict = {}
 
     def another_worker_goes_first(op_):
@@ -93,9 +93,9 @@ def test_it_does_not_cancel_on_a_stale_read_after_another_worker_called(
             wait_for(lambda: timezone.now() > runs_out_at, what="the approval to run out")
         return real_check(op_)
 
-    monkeypatch.setattr(execute_module, "authorization_problem", another_worker_goes_first)
+    monkeypatch.setattr(execute_module, "call_problem", another_worker_goes_first)
     report = engine.operation_execute(operation_id=op.id, worker="A")
-    monkeypatch.setattr(execute_module, "authorization_problem", real_check)
+    monkeypatch.setattr(execute_module, "call_problem", real_check)
     op.refresh_from_db()
     # A must not close as never done what B's call may still carry out.
     assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED, report

@@ -142,8 +142,10 @@ def operation_resolve(
             reason=reason,
             # The trail and its CSV must show what was verified, not only that it was.
             audit_facts={"evidence": evidence_text, "provider_reference": reference},
-            extra=Q(status_changed_at=seen_status_changed_at)
-            if seen_status_changed_at is not None else None,
+            extra=_resolution_condition(
+                seen_status_changed_at=seen_status_changed_at,
+                external_id=fields.get("external_id", ""),
+            ),
             held_shown=held_shown,
             held_answers_shown=held_answers_shown,
         )
@@ -155,6 +157,18 @@ def operation_resolve(
         webhook_events_decide_kept(op_id=op.id)
     op.refresh_from_db()
     return op
+
+
+def _resolution_condition(*, seen_status_changed_at: datetime | None, external_id: str) -> Q:
+    """What the resolution's UPDATE requires beyond its source statuses: the status the
+    person saw, and, settled with a provider object, that the operation records no other
+    (one an event or a lookup recorded while the reference was being confirmed)."""
+    condition = Q()
+    if seen_status_changed_at is not None:
+        condition &= Q(status_changed_at=seen_status_changed_at)
+    if external_id:
+        condition &= Q(external_id__in=["", external_id])
+    return condition
 
 
 def _unresolvable(op: Operation, outcome: str) -> TransitionRefused:
@@ -213,6 +227,16 @@ def _reference_problem(
             f"{reference} at the {provider} provider belongs to "
             f"{', '.join(owners) or 'an operation of another tenant'}, not to {op.id}; "
             "check the reference."
+        )
+    recorded, named = op.external_id, found.external_id or reference
+    if recorded and named != recorded:
+        # The provider made two objects under this operation's id: reconcile and webhooks
+        # hold such a second one for a person. Settled with it, the operation would forget
+        # the one it recorded, which may still be moving money.
+        return (
+            f"{op.id} records {recorded} at the {provider} provider, and {reference} is "
+            "another object carrying its id: a second effect, which no resolution settles; "
+            "mark the operation disputed while it is looked into."
         )
     mismatch = core.adapter(op.action).disagreement(payload=op.payload, facts=found.result)
     if mismatch:

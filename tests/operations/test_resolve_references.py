@@ -1,14 +1,17 @@
 """Resolving with a provider reference: the provider confirms the reference before anything is
 recorded. One it does not confirm (unknown, not an id, another operation's or tenant's, a
 status or a sum that contradicts the resolution, or a provider that cannot be asked) leaves
-the operation as it was, with the question asked and the refusal on record."""
+the operation as it was, with the question asked and the refusal on record; so does a
+second object carrying the operation's id, when it records another."""
 
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone
 
 from operations.engine import ReferenceRefused, TransitionRefused, operation_prepare
 from operations.models import Attempt, AttemptKind, AuditEvent, Evidence, EvidenceKind, Operation
+from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_requests, sandbox_writes
 from operations.sandbox.services import (
     sandbox_deal_create,
@@ -335,3 +338,83 @@ def test_it_refuses_a_reference_to_a_payment_for_another_sum(acme_unknown, opera
     )
     assert sandbox_request_count() == 1
     assert _refusal_recorded(op, actor=operator, reference=payment_id) == str(refused.value)
+
+
+def _accepted_with(op: Operation, external_id: str) -> Operation:
+    """The provider took the call as `external_id`, still processing, and its answer was
+    recorded."""
+    Operation.objects.filter(id=op.id).update(
+        status="accepted", external_id=external_id, provider_calls=1,
+        status_changed_at=timezone.now())
+    op.refresh_from_db()
+    return op
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_reference_to_a_second_payment_of_an_operation_that_records_one(
+    acme, operator, sandbox, settings
+):
+    op = prepared_payment(acme)
+    # From the sandbox's async threshold on, a payment stays processing until settled.
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = op.payload["amount_minor"]
+    first = payment_at_provider(op)
+    second = payment_at_provider(op)
+    sandbox_payment_settle(payment_intent_id=second, status="succeeded")
+    op = _accepted_with(op, first)
+
+    with pytest.raises(ReferenceRefused) as refused:
+        resolved_by_reference(op, operator, second)
+
+    assert str(refused.value) == (
+        f"{op.id} records {first} at the payments provider, and {second} is another object "
+        "carrying its id: a second effect, which no resolution settles; mark the operation "
+        "disputed while it is looked into."
+    )
+    assert _refusal_recorded(op, actor=operator, reference=second) == str(refused.value)
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == ("accepted", first)
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_resolves_with_the_reference_of_the_payment_the_operation_records(
+    acme, operator, sandbox, settings
+):
+    op = prepared_payment(acme)
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = op.payload["amount_minor"]
+    payment_id = payment_at_provider(op)
+    sandbox_payment_settle(payment_intent_id=payment_id, status="succeeded")
+    op = _accepted_with(op, payment_id)
+
+    resolved_by_reference(op, operator, payment_id)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually) == (
+        "succeeded", payment_id, True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_resolution_when_another_object_is_recorded_while_the_provider_is_asked(
+    acme_unknown, operator, sandbox, monkeypatch
+):
+    from operations.engine import people
+
+    op = acme_unknown
+    ours, another = payment_at_provider(op), payment_at_provider(op)
+    real_verify = people._reference_verify
+
+    def another_recorded_meanwhile(op_, **kwargs):
+        verified = real_verify(op_, **kwargs)
+        # A lookup of the engine's records the other payment while the operator's reference
+        # is being confirmed; the status stays unknown.
+        Operation.objects.filter(id=op.id).update(external_id=another)
+        return verified
+
+    monkeypatch.setattr(people, "_reference_verify", another_recorded_meanwhile)
+    with pytest.raises(TransitionRefused, match="not what the page showed"):
+        resolved_by_reference(op, operator, ours)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually) == ("unknown", another, False)
+    assert not AuditEvent.objects.filter(
+        object_id=op.id, action="operation.resolve_succeeded").exists()

@@ -298,14 +298,15 @@ def transition(
         if len(sources) == 1 and S.UNKNOWN not in sources:
             # A win can only have come from that one status, and every status but unknown
             # keeps unknown_since empty: nothing to read (this is execute's hot path).
-            before = {"status": next(iter(sources)), "unknown_since": None}
+            before = {"status": next(iter(sources)), "unknown_since": None,
+                      "lease_expires_at": None}
         else:
             # Locked, so the status the evidence records as "from" is the one this UPDATE
             # changed, not one a concurrent transition replaced between the two statements.
             before = (
                 Operation.objects.select_for_update()
                 .filter(id=op.id)
-                .values("status", "unknown_since")
+                .values("status", "unknown_since", "lease_expires_at")
                 .first()
             )
         won = Operation.objects.filter(condition).update(**values) == 1
@@ -328,17 +329,24 @@ def transition(
                 if reviewed:
                     held.update(reviewed_at=now)
                     payload[key] = reviewed
-        if before["unknown_since"] is not None and to != S.UNKNOWN:
-            payload["unknown_seconds"] = round((now - before["unknown_since"]).total_seconds(), 3)
+        unknown_since = before["unknown_since"]
+        if unknown_since is None and before["status"] == S.IN_PROGRESS and (
+            before["lease_expires_at"] is not None and before["lease_expires_at"] <= now
+        ):
+            # Stuck: the worker's lease ran out with no answer recorded (a person holds it
+            # before any sweep came); what the call did has been unknown since.
+            unknown_since = before["lease_expires_at"]
+        if unknown_since is not None and to != S.UNKNOWN:
+            payload["unknown_seconds"] = round((now - unknown_since).total_seconds(), 3)
         elif before["status"] == S.DISPUTED and to not in (S.UNKNOWN, S.DISPUTED):
-            # A hold a person put on an unknown operation: its time to a known outcome runs
-            # from when it went unknown, through the hold, to this resolution (else the
-            # hardest cases, the ones a person had to settle, never reach the p95).
+            # A hold a person put on an unknown (or stuck) operation: its time to a known
+            # outcome runs from when it went unknown, through the hold, to this resolution
+            # (else the hardest cases, the ones a person settled, never reach the p95).
             hold = (
                 Evidence.objects.filter(operation_id=op.id, to_status=S.DISPUTED)
-                .order_by("-id").values("from_status", "data", "created_at").first()
+                .order_by("-id").values("data", "created_at").first()
             )
-            if hold and hold["from_status"] == S.UNKNOWN and "unknown_seconds" in hold["data"]:
+            if hold and "unknown_seconds" in hold["data"]:
                 payload["unknown_seconds"] = round(
                     hold["data"]["unknown_seconds"] + (now - hold["created_at"]).total_seconds(),
                     3,

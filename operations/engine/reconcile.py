@@ -9,9 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.db import transaction
-from django.db.models import (
-    Q,
-)
+from django.db.models import F, Q
 from django.utils import timezone
 
 from operations.engine import core
@@ -75,6 +73,9 @@ def _expire_lease(op: Operation) -> None:
         data={"lease_owner": op.lease_owner},
         # This reconcile looks right away; the sweep may pick it up only if it never does.
         fields={
+            # What the call did has been unknown since the lease ran out, however late a
+            # sweep (or a person) came: the dashboard's time to reconcile runs from then.
+            "unknown_since": F("lease_expires_at"),
             "error_code": "lease_expired",
             "next_reconcile_at": timezone.now() + timedelta(seconds=reconcile_claim_seconds()),
         },

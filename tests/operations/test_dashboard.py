@@ -12,12 +12,14 @@ from django.db import connection
 from django.utils import timezone
 
 from approvals.models import Approval
-from operations.engine import operation_dispute, operation_resolve
+from operations.engine import operation_dispute, operation_reconcile, operation_resolve
 from operations.models import Attempt, Evidence, Operation
+from operations.sandbox.models import PaymentIntent
 from operations.selectors import dashboard_metrics
 from tests.factories import CallAttemptFactory
 from tests.helpers import signed_in, updated_past_triggers
-from tests.operations.engine_helpers import make_unknown, prepared_payment
+from tests.operations.engine_helpers import died_mid_call, make_unknown, prepared_payment
+from tests.operations.operator_helpers import payment_at_provider
 
 pytestmark = pytest.mark.django_db
 
@@ -52,6 +54,48 @@ def test_it_counts_the_time_to_reconcile_of_an_unknown_a_person_held_then_settle
 
     # Two operations went unknown and both are settled now: the slower took two hours.
     assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] > 3600
+
+
+def _stuck_for_an_hour(acme) -> Operation:
+    """A worker claimed the payment, called and died; its lease ran out an hour ago, and
+    the beat has been down since."""
+    op = prepared_payment(acme, invoice_id="inv_stuck")
+    return died_mid_call(op, claimed=timezone.now() - timedelta(hours=1, seconds=30))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_counts_the_time_to_reconcile_of_a_dead_workers_call_from_its_lease_running_out(
+    acme, operator, sandbox
+):
+    op = _stuck_for_an_hour(acme)
+    payment_id = payment_at_provider(op)  # the call was carried out; its answer was lost
+
+    # The sweep's reconcile, an hour late: the expired lease becomes unknown, and the lookup
+    # finds the payment right away.
+    operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == ("succeeded", payment_id)
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 1
+    # What the call did was unknown from when the lease ran out, not from the sweep.
+    metrics = dashboard_metrics(operator)
+    assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] >= 3600
+
+
+def test_it_counts_the_time_to_reconcile_of_a_stuck_operation_a_person_held_then_settled(
+    acme, operator
+):
+    op = _stuck_for_an_hour(acme)
+    operation_dispute(operation_id=op.id, actor=operator, reason="worker died, beat down")
+    operation_resolve(operation_id=op.id, actor=operator, outcome="succeeded",
+                      evidence_text="seen at the bank", reason="treasury checked")
+
+    metrics = dashboard_metrics(operator)
+    assert metrics["manual_resolutions"] == 1
+    assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] >= 3600
+    # One sample: the resolution's, not the hold's as well.
+    assert Evidence.objects.filter(operation=op, data__has_key="unknown_seconds").count() == 2
+    assert metrics["reconcile_p50"] == metrics["reconcile_p95"]
 
 
 def _explain_rows_read(sql: str, params, relation: str) -> int:

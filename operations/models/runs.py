@@ -66,7 +66,7 @@ class Run(models.Model):
             models.CheckConstraint(
                 condition=models.Q(mode__in=RunMode.values), name="run_mode_valid"
             ),
-            # Lineage is all or nothing: a derived run names its parent and its reason.
+            # Lineage is all or nothing: a derived run names its parent and its checkpoint,
             models.CheckConstraint(
                 condition=models.Q(mode=RunMode.ORIGINAL, parent_run__isnull=True)
                 | (
@@ -74,6 +74,12 @@ class Run(models.Model):
                     & models.Q(parent_run__isnull=False, parent_checkpoint__isnull=False)
                 ),
                 name="run_lineage_complete",
+            ),
+            # and why a person launched it (a blank reason is none). Lineage never changes
+            # once written: a trigger (migration 0026) refuses it.
+            models.CheckConstraint(
+                condition=models.Q(mode=RunMode.ORIGINAL) | models.Q(launch_reason__regex=r"\S"),
+                name="run_derived_has_reason",
             ),
         ]
 

@@ -50,3 +50,21 @@ def test_it_keeps_the_held_events_queue_as_it_was_across_0015(acme):
     # Before 0015 the queue showed only events newer than the operation's last change.
     assert WebhookEvent.objects.get(event_id="evt_answered").reviewed_at == changed
     assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_held"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_marks_derived_runs_without_a_reason_as_such_across_0026(acme):
+    from operations.models import Run, RunMode
+    from tests.factories import CheckpointFactory, RunFactory
+
+    with migrated_back_to([("operations", "0025_run_lineage_in_tenant")]) as forward:
+        checkpoint = CheckpointFactory(run=RunFactory(tenant=acme))
+        blank = RunFactory(derived_from=checkpoint, launch_reason="  ")
+        given = RunFactory(derived_from=checkpoint, mode=RunMode.LIVE, launch_reason="debug")
+
+        forward([("operations", "0026_run_lineage_immutable")])
+
+    assert Run.objects.get(id=blank.id).launch_reason == (
+        "not recorded: launched before a reason was required")
+    assert Run.objects.get(id=given.id).launch_reason == "debug"
+    assert Run.objects.get(id=checkpoint.run_id).launch_reason == ""

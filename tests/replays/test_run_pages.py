@@ -4,7 +4,8 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from operations.engine import operation_prepare
-from operations.models import Checkpoint, Operation, Run, RunMode
+from operations.models import Checkpoint, Operation, Run, RunMode, RunStatus
+from tests.factories import RunFactory
 from tests.helpers import signed_in, triggers_off
 from tests.operations.engine_helpers import PAYMENT
 
@@ -149,6 +150,42 @@ def test_it_refuses_a_run_lineage_across_tenants_or_from_another_runs_checkpoint
 
 
 @pytest.mark.django_db
+def test_it_refuses_any_change_to_a_runs_lineage(lineage, approver):
+    """Where a run came from, how, by whom and why is the auditor's record: a data fix
+    cannot relabel an evidence replay live, erase a branch's reason, swap its launcher
+    (approvals exclude whoever launched the run) or loop the lineage."""
+    original, branch, _cp, _ = lineage
+    later = Checkpoint.objects.create(run=branch, sequence=1, node="prepare_payment",
+                                      state={}, state_hash="sha256:" + "d" * 64)
+    grandchild = RunFactory(derived_from=later)
+    grandchild_cp = Checkpoint.objects.create(run=grandchild, sequence=1, node="n", state={},
+                                              state_hash="sha256:" + "e" * 64)
+    before = Run.objects.filter(id=branch.id).values().get()
+    for change in (
+        {"parent_run": grandchild, "parent_checkpoint": grandchild_cp},
+        {"mode": RunMode.LIVE}, {"launch_reason": "something else"},
+        {"launched_by": approver}, {"conversation_id": "conv_other"},
+        {"workflow_version": 8},
+    ):
+        with pytest.raises(IntegrityError, match=r"its lineage .* never changes"), \
+                transaction.atomic():
+            Run.objects.filter(id=branch.id).update(**change)
+    assert Run.objects.filter(id=branch.id).values().get() == before
+    # Its status moves on as the run does.
+    assert Run.objects.filter(id=original.id).update(status=RunStatus.SUCCEEDED) == 1
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_derived_run_without_a_reason(lineage):
+    original, _branch, cp, _ = lineage
+    for reason in ("", "  \n"):
+        with pytest.raises(IntegrityError, match="run_derived_has_reason"), \
+                transaction.atomic():
+            RunFactory(derived_from=cp, launch_reason=reason)
+    assert Run.objects.filter(parent_run=original).count() == 1
+
+
+@pytest.mark.django_db
 def test_it_says_the_time_zone_of_every_time_it_shows(lineage, auditor):
     """Every other page says UTC; a bare time on these read as the viewer's local time."""
     original, *_ = lineage
@@ -200,7 +237,7 @@ def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
         theirs = Run.objects.create(
             conversation_id="conv_01GLOBEX", tenant=globex, workflow_name="pay_invoices",
             workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH,
-            parent_run=original, parent_checkpoint=cp,
+            parent_run=original, parent_checkpoint=cp, launch_reason="debug",
         )
     their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="prepare_payment",
                                          state={}, state_hash="sha256:" + "b" * 64)
@@ -208,7 +245,7 @@ def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
         adopted = Run.objects.create(
             conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
             workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH, parent_run=theirs,
-            parent_checkpoint=their_cp,
+            parent_checkpoint=their_cp, launch_reason="retry",
         )
     for user, mine, conversation, not_theirs in (
         (auditor, adopted, "conv_01TEST", theirs),

@@ -23,8 +23,9 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     visible to them at all, 403 if it is visible but the permission is missing."""
     approval = (
         Approval.objects.select_related(
-            "operation", "operation__tenant", "operation__run", "operation__checkpoint",
-            "operation__supersedes", "operation__superseded_by", "decided_by",
+            "operation", "operation__tenant", "operation__run", "operation__run__launched_by",
+            "operation__checkpoint", "operation__supersedes", "operation__superseded_by",
+            "decided_by",
         )
         .filter(id=approval_id)
         .first()
@@ -101,8 +102,9 @@ def approvals_for_user(
     if filters.action:
         qs = qs.filter(operation__action=filters.action)
     return qs.select_related(
-        "operation", "operation__tenant", "operation__run", "operation__checkpoint",
-        "operation__supersedes", "operation__superseded_by", "decided_by",
+        "operation", "operation__tenant", "operation__run", "operation__run__launched_by",
+        "operation__checkpoint", "operation__supersedes", "operation__superseded_by",
+        "decided_by",
     ).prefetch_related(
         # Each card names the replaced intent's last approval request, whatever became of it
         # (superseded, rejected, expired): one query for the whole page.

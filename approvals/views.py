@@ -27,7 +27,13 @@ from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
-from operations.selectors import operation_lineage, tenant_perm_held, tenants_for_user
+from operations.selectors import (
+    command_effects_in_ancestor_runs,
+    operation_lineage,
+    run_ancestors,
+    tenant_perm_held,
+    tenants_for_user,
+)
 
 QUEUE_PAGE_SIZE = 20
 
@@ -44,9 +50,15 @@ def _card(approval: Approval, *, user, unmasked: bool, can_decide: bool) -> dict
             action=op.action, old_payload=old.payload, new_payload=op.payload,
             old_policy=old.policy_version, new_policy=op.policy_version, unmasked=unmasked,
         )
+    run = lineage.run
+    derived = run is not None and run.parent_run_id is not None
     return {
         "approval": approval,
         "op": op,
+        # A replay's or a branch's intent: the approver sees which run it repeats, and
+        # whether that run already made this command's effect (its new key dedups nothing).
+        "derived_from": (run_ancestors(run) or [""])[0] if derived else "",
+        "earlier_effects": command_effects_in_ancestor_runs(op) if derived else [],
         "action_label": Action(op.action).label if op.action in Action.values else op.action,
         "summary": summary,
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),

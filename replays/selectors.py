@@ -66,22 +66,6 @@ def run_for_user(user, run_id: str) -> Run:
     return run
 
 
-def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
-    """Ids of the parent, grandparent, … oldest last; bounded so a corrupt cycle cannot hang
-    a page. One small id read per generation: lineages are a few runs deep."""
-    chain: list[str] = []
-    parent_id = run.parent_run_id
-    # Within the run's tenant: lineage never shows another tenant's runs.
-    same_tenant = Run.objects.filter(tenant_id=run.tenant_id)
-    while parent_id and len(chain) < limit:
-        parent = same_tenant.filter(id=parent_id).values("parent_run_id").first()
-        if parent is None:
-            break
-        chain.append(parent_id)
-        parent_id = parent["parent_run_id"]
-    return chain
-
-
 def run_children(run: Run) -> list[Run]:
     return list(
         run.children.filter(tenant_id=run.tenant_id).select_related("launched_by").order_by("id")

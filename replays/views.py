@@ -8,11 +8,10 @@ from django.views.decorators.http import require_GET
 
 from operations.htmx import page_render
 from operations.intents import intent_summary
-from operations.selectors import keyset_page, tenants_for_user
+from operations.selectors import keyset_page, run_ancestors, tenants_for_user
 from replays.forms import RunFilterForm
 from replays.selectors import (
     RunFilters,
-    run_ancestors,
     run_checkpoints,
     run_children,
     run_for_user,

@@ -33,6 +33,7 @@ from operations.selectors.queues import (
     webhooks_for_review_for_user,
     webhooks_held_for_review,
 )
+from operations.selectors.runs import command_effects_in_ancestor_runs, run_ancestors
 
 __all__ = [
     "METRICS_WINDOW",
@@ -44,6 +45,7 @@ __all__ = [
     "answers_held_for_review",
     "audit_action_names",
     "audit_events_for_user",
+    "command_effects_in_ancestor_runs",
     "dashboard_metrics",
     "keyset_page",
     "operation_for_user",
@@ -57,6 +59,7 @@ __all__ = [
     "operations_unknown_count",
     "operations_unknown_queue",
     "related_pages_for_user",
+    "run_ancestors",
     "tenant_access_require",
     "tenant_ids_for_user",
     "tenant_perm_held",

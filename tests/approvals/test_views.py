@@ -799,3 +799,42 @@ def test_it_says_when_an_expired_approval_ran_out_not_when_it_was_swept(
     assert f"<dt>Expired</dt><dd>at <time datetime=\"{ran_out.isoformat()}\">" \
         f"{ran_out:%Y-%m-%d %H:%M:%S} UTC</time>" in html
     assert "closed by the system at" in html
+
+
+def test_it_says_a_replays_intent_repeats_a_command_its_parent_run_carried_out(
+    acme, approver, admin_user
+):
+    """A replay prepares its nodes' commands again under new keys: the card was the one
+    already paid, naming only a run id."""
+    from operations.models import RunMode
+    from tests.factories import CheckpointFactory, RunFactory
+    from tests.operations.engine_helpers import PAYMENT
+
+    checkpoint = CheckpointFactory(run=RunFactory(tenant=acme))
+    paid = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                             run=checkpoint.run, checkpoint=checkpoint, command_id="cmd_pay_01")
+    Operation.objects.filter(id=paid.id).update(status="succeeded", external_id="pi_1")
+    live = RunFactory(derived_from=checkpoint, mode=RunMode.LIVE, launched_by=admin_user,
+                      launch_reason="reproduce the timeout for anna@acme.test")
+    again = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                              run=live, command_id="cmd_pay_01")
+    other = operation_prepare(tenant=acme, action="payments.create",
+                              payload={**PAYMENT, "invoice_id": "inv_other"}, run=live,
+                              command_id="cmd_pay_02")
+    client = signed_in(approver)
+
+    for url in (f"/approvals/{Approval.objects.get(operation=again).id}/", "/approvals/"):
+        page = client.get(url).content.decode()
+        text = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", "", page)))
+        assert (f"Live (real calls) of {checkpoint.run_id}, launched by admin: reproduce "
+                "the timeout for a***@acme.test") in text
+        assert (f"This command was already carried out in a run this one derives from: "
+                f"{paid.id} is succeeded (run {checkpoint.run_id}). This intent has its own "
+                "idempotency key") in text
+        assert f'href="/operations/{paid.id}/"' in page
+    # Another command of the replay repeats nothing: its card warns of nothing.
+    page = client.get(f"/approvals/{Approval.objects.get(operation=other).id}/").content.decode()
+    assert "already carried out" not in page and "Live (real calls)</span> of" in page
+    # Nor does the original run's own card.
+    page = client.get(f"/approvals/{Approval.objects.get(operation=paid).id}/").content.decode()
+    assert "already carried out" not in page and "Derived" not in page

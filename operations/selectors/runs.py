@@ -1,0 +1,41 @@
+"""Reads about a run's lineage, within its tenant (lineage never shows another's runs)."""
+
+from __future__ import annotations
+
+from operations.models import Operation, OperationStatus, Run
+
+S = OperationStatus
+
+# What an operation may have done at its provider: done, under way, not known, or held.
+_MAY_HAVE_HAD_EFFECT = (S.SUCCEEDED, S.ACCEPTED, S.IN_PROGRESS, S.UNKNOWN, S.DISPUTED)
+
+
+def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
+    """Ids of the parent, grandparent, … oldest last; bounded so a corrupt cycle cannot hang
+    a page. One small id read per generation: lineages are a few runs deep."""
+    chain: list[str] = []
+    parent_id = run.parent_run_id
+    same_tenant = Run.objects.filter(tenant_id=run.tenant_id)
+    while parent_id and len(chain) < limit:
+        parent = same_tenant.filter(id=parent_id).values("parent_run_id").first()
+        if parent is None:
+            break
+        chain.append(parent_id)
+        parent_id = parent["parent_run_id"]
+    return chain
+
+
+def command_effects_in_ancestor_runs(op: Operation) -> list[Operation]:
+    """The same command's operations, in the runs this operation's run was replayed or
+    branched from, that made (or may have made) their effect. A replay prepares its nodes'
+    commands again under new keys, which the provider dedups nothing against: approving one
+    of those makes the effect a second time. Nearest run first."""
+    if not op.run_id or not op.command_id or op.run.parent_run_id is None:
+        return []
+    ancestors = run_ancestors(op.run)
+    found = Operation.objects.filter(
+        tenant_id=op.tenant_id, run_id__in=ancestors, command_id=op.command_id,
+        status__in=_MAY_HAVE_HAD_EFFECT,
+    ).select_related("run")
+    nearness = {run_id: n for n, run_id in enumerate(ancestors)}
+    return sorted(found, key=lambda earlier: (nearness[earlier.run_id], earlier.id))

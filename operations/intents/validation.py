@@ -187,9 +187,16 @@ def _named(name: str) -> str:
     """A key or a path as a refusal may repeat it. Refusals are printed into shells, CI logs
     and pages, so one holding card data or a secret is described, never repeated. A whole
     path is checked, not only its last key: keys clean alone can join into a card number
-    ("4111.1111 1111 1111")."""
+    ("4111.1111 1111 1111"). Any other is escaped as repr escapes it (without the quotes): a
+    key refused before its characters are checked (an unexpected field) could otherwise put
+    a line break into a script's log, an escape sequence into a terminal, or a direction mark
+    that reorders the message."""
     what = _looks_like(name)
-    return f"a field whose name looks like {what}" if what else name
+    if what:
+        return f"a field whose name looks like {what}"
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in name
+    )
 
 
 def _refuse_secrets(value: Any, path: str) -> None:

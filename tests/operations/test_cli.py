@@ -187,6 +187,41 @@ def test_it_refuses_bad_input_with_a_clear_error(acme, args, message):
     assert not Operation.objects.exists()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [
+        # A forged second line in a script's log.
+        ("note\nCommandError: nothing wrong here", "note\\nCommandError: nothing wrong here"),
+        # An escape sequence that clears the operator's terminal.
+        ("\x1b[2J\x1b[Hcleared", "\\x1b[2J\\x1b[Hcleared"),
+    ],
+)
+def test_it_names_a_refused_key_in_one_line_without_control_characters(acme, key, named):
+    with pytest.raises(CommandError) as refused:
+        _run(*prepare_args({**PAYMENT, key: 1}))
+    assert str(refused.value) == f"intent refused: payments.create: unexpected field(s): {named}"
+    assert not Operation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_escapes_every_refusal_whatever_a_layer_below_repeats(acme, monkeypatch):
+    from operations.intents import IntentError
+    from operations.management.commands import operations as command
+
+    def refused(**kwargs):
+        raise IntentError("said below\nCommandError: forged\x1b[2J\u2028")
+
+    monkeypatch.setattr(command, "operation_prepare", refused)
+    with pytest.raises(CommandError) as said:
+        _run(*prepare_args())
+    assert str(said.value) == "intent refused: said below\\nCommandError: forged\\x1b[2J\\u2028"
+    # argparse repeats an argument it does not know as it was typed.
+    with pytest.raises(CommandError) as said:
+        _run("list", "--status", "unknown", "x\ny")
+    assert str(said.value) == "Error: unrecognized arguments: x\\ny"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_exits_non_zero_with_one_line_on_stderr(acme):
     from django.db import connection
@@ -230,12 +265,26 @@ def test_it_exits_non_zero_with_one_line_on_stderr(acme):
         (("show", "op_ghost"), "no operation"),
         # Not approved: a script must not go on as if the payment had been attempted.
         (("execute", op_id), "nothing was called"),
+        # A refused key is named escaped: it printed as two lines.
+        (prepare_args({**PAYMENT, "a\nb": 1}), "unexpected field(s): a\\nb"),
+        # What Python's JSON reader lets through, and what PostgreSQL or the canonical form
+        # could not take: each a refusal, never a traceback.
+        (prepare_args(json.dumps(PAYMENT).replace("1250000", "NaN")), "must be an integer"),
+        (prepare_args({**PAYMENT, "amount_minor": 2**60}), "integers must be within"),
+        (prepare_args({**PAYMENT, "invoice_id": "inv\u0000"}), "control character"),
+        (prepare_args(json.dumps(PAYMENT).replace('"inv_', '"\\ud800inv_')),
+         "unpaired surrogate"),
+        (prepare_args({"target": "deal_1", "expected_version": 1, "patch": {"a\nb": 1}},
+                      action="crm.update_deal"), "a key holds a control character"),
+        (("show", ""), "no operation ''"),
+        (("execute", "op_" + "Z" * 60), "no operation"),
     ]:
         result = manage(*args)
         assert result.returncode != 0, args
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
         assert message in lines[0] and "Traceback" not in result.stderr
+        assert result.stdout == "", (args, result.stdout)  # a script reads no id
     assert Operation.objects.count() == 1
 
 

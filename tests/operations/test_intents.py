@@ -83,6 +83,25 @@ def test_it_refuses_a_bad_payment_intent_with_a_clear_error(payload, message):
         intent_validate(action="payments.create", payload=payload)
 
 
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [
+        ("note\nCommandError: forged", "note\\nCommandError: forged"),  # a forged log line
+        ("\x1b[2J\x1b[Hcleared", "\\x1b[2J\\x1b[Hcleared"),  # clears the operator's terminal
+        ("\u202eevil", "\\u202eevil"),  # reverses what follows it on screen
+        ("a\u2028b", "a\\u2028b"),  # a line break to Python's splitlines
+    ],
+)
+def test_it_names_an_unexpected_field_escaped_never_as_it_is(key, named):
+    # An unexpected key is refused before its characters are checked: the refusal is what
+    # shells, logs and pages print.
+    with pytest.raises(IntentError) as refused:
+        intent_validate(action="payments.create", payload={**PAYMENT, key: 1})
+    message = str(refused.value)
+    assert message == f"payments.create: unexpected field(s): {named}"
+    assert message.isprintable()
+
+
 DEAL_CHANGE = {"target": "deal_1", "expected_version": 2, "patch": {"stage": "won"}}
 
 

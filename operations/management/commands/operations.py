@@ -22,8 +22,9 @@ LIST_LIMIT_MAX = 10_000
 # Where execute leaves the effect done, or taken by the provider (its final answer follows).
 EFFECT_DONE = {OperationStatus.SUCCEEDED, OperationStatus.ACCEPTED}
 # Control characters in what is printed: an operation journaled before intents refused them
-# could forge a line of `list` or drive the operator's terminal.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# could forge a line of `list` or drive the operator's terminal. The line and paragraph
+# separators too: Python's splitlines, and log viewers with it, break lines there.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _printable(text: str) -> str:
@@ -98,6 +99,8 @@ class _OneLineErrors(CommandParser):
     usage block before it was three to five lines for a script's log to carry."""
 
     def error(self, message: str) -> None:
+        # argparse repeats what was typed ("unrecognized arguments: …") as it is.
+        message = _printable(message)
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (--help says more)\n")
         super().error(message)
@@ -151,12 +154,16 @@ class Command(BaseCommand):
         listing.add_argument("--limit", type=int, default=50)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        _text_arguments_check(options)
         handler = getattr(self, f"_{options['subcommand']}")
         try:
+            _text_arguments_check(options)
             with audit_actor_from_shell():
                 handler(options)
             self.stdout.flush()  # here, not at exit, where a closed pipe cannot be caught
+        except CommandError as exc:
+            # A refusal may repeat what was typed or what a layer below said of it: escaped
+            # here, once for all, so none can span lines in a script's log or drive a terminal.
+            raise CommandError(_printable(str(exc)), returncode=exc.returncode) from exc
         except BrokenPipeError:
             # `operations list … | head`: the reader has what it wanted. Python would print
             # a traceback, and another at exit flushing stdout into the closed pipe.

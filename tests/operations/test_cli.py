@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from operations.models import AuditEvent, Operation, Run
+from operations.models import Attempt, AttemptKind, AuditEvent, Operation, Run
 from tests.conftest import BASE_DIR, database_url
 from tests.factories import CallAttemptFactory
 from tests.operations.engine_helpers import PAYMENT, make_unknown, prepared_payment
@@ -92,8 +92,6 @@ def test_it_shows_an_operation_as_json(acme_unknown):
 
 @pytest.mark.django_db
 def test_it_lists_attempts_in_show(acme_payment):
-    from operations.models import Attempt
-
     Attempt.objects.create(
         operation=acme_payment,
         number=1,
@@ -299,8 +297,6 @@ def test_it_refuses_a_run_of_another_tenant(acme, globex):
 
 @pytest.mark.django_db
 def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_payment):
-    from operations.models import Attempt
-
     lookup = Attempt.objects.create(
         operation=acme_payment, number=1, kind="lookup", outcome="found", http_status=200,
         external_id="pi_9", provider_account="acct_1a2b", finished_at=timezone.now())
@@ -470,6 +466,42 @@ def test_it_names_the_shell_user_on_what_a_person_does_from_the_command_line(
     from operations.services import audit_event_record
 
     assert audit_event_record(actor=None, action="test.event", tenant=acme).actor_username == ""
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("reason", ["", "  "])
+def test_it_refuses_a_blank_reason_to_reconcile_before_asking_the_provider(
+    acme, monkeypatch, reason
+):
+    from tests.operations.failure_helpers import lookups_inconclusive
+
+    op = make_unknown(prepared_payment(acme))
+    lookups_inconclusive(monkeypatch)
+    # Blank, the engine took it for the sweep's own lookup: no row of who asked.
+    with pytest.raises(CommandError, match=r"^--reason must say why"):
+        _run("reconcile", op.id, "--reason", reason)
+    assert not Attempt.objects.filter(operation=op).exists()
+    assert not AuditEvent.objects.filter(action="operation.reconcile").exists()
+    _run("reconcile", op.id)  # left out, the default reason still names the shell's user
+    assert Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).count() == 1
+    assert AuditEvent.objects.filter(action="operation.reconcile", object_id=op.id).count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("reason", ["", "  "])
+def test_it_refuses_a_blank_reason_to_execute_before_calling_the_provider(
+    acme, settings, reason
+):
+    # The mail policy authorizes by itself; the provider is down, so a call's answer is lost.
+    settings.MAIL_API_BASE = "http://127.0.0.1:9/sandbox/mail"
+    op_id = _run(*prepare_args(
+        {"to": "anna@example.com", "template": "receipt", "params": {}}, action="mail.send"
+    )).strip()
+    # Blank, the engine took it for the sweep's own run: a call with no row of who asked.
+    with pytest.raises(CommandError, match=r"^--reason must say why"):
+        _run("execute", op_id, "--reason", reason)
+    assert Operation.objects.get(id=op_id).provider_calls == 0
+    assert not AuditEvent.objects.filter(action="operation.execute").exists()
 
 
 @pytest.mark.django_db

@@ -48,6 +48,17 @@ def _text_arguments_check(options: dict[str, Any]) -> None:
                 raise CommandError(f"{name.replace('_', ' ')} is not UTF-8 text") from None
 
 
+def _reason(options: dict[str, Any]) -> str:
+    """The engine takes a blank reason for no person asking (the sweep's own run): a call or a
+    lookup asked with `--reason ''` left no row of who asked on the audit trail."""
+    if not options["reason"].strip():
+        raise CommandError(
+            "--reason must say why: it goes on the audit trail with the shell's user "
+            "(leave it out for the default)"
+        )
+    return options["reason"]
+
+
 def _operation(operation_id: str) -> Operation:
     op = Operation.objects.select_related("tenant").filter(id=operation_id).first()
     if op is None:
@@ -246,9 +257,10 @@ class Command(BaseCommand):
             )
 
     def _execute(self, options: dict[str, Any]) -> None:
+        reason = _reason(options)
         op = _operation(options["operation_id"])
         try:
-            report = operation_execute(operation_id=op.id, reason=options["reason"])
+            report = operation_execute(operation_id=op.id, reason=reason)
         except EngineError as exc:
             raise CommandError(f"execute refused: {exc}") from exc
         if report.outcome == "awaiting_authorization":
@@ -266,9 +278,10 @@ class Command(BaseCommand):
         self.stdout.write(said)
 
     def _reconcile(self, options: dict[str, Any]) -> None:
+        reason = _reason(options)
         op = _operation(options["operation_id"])
         try:
-            report = operation_reconcile(operation_id=op.id, reason=options["reason"])
+            report = operation_reconcile(operation_id=op.id, reason=reason)
         except EngineError as exc:
             raise CommandError(f"reconcile refused: {exc}") from exc
         self.stdout.write(_said(report))

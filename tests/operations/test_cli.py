@@ -147,6 +147,26 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
 
 
 @pytest.mark.django_db
+def test_it_says_on_stderr_when_more_operations_match_than_it_lists(acme):
+    ops = [make_unknown(prepared_payment(acme, invoice_id=f"inv_{i}")) for i in range(51)]
+    out, err = io.StringIO(), io.StringIO()
+    call_command("operations", "list", "--status", "unknown", stdout=out, stderr=err)
+    # The newest 50, as before, for a script; the oldest, unknown the longest, is not among
+    # them, and a person is told so.
+    listed = [line.split("\t")[0] for line in out.getvalue().splitlines()]
+    assert listed == [op.id for op in reversed(ops[1:])]
+    assert err.getvalue() == (
+        "more than 50 unknown operations match; these are the newest 50 (--limit lists up "
+        "to 10000; the console's journal pages through them all)\n"
+    )
+    # Exactly as many as asked for: nothing left out, nothing said.
+    out, err = io.StringIO(), io.StringIO()
+    call_command("operations", "list", "--status", "unknown", "--limit", "51",
+                 stdout=out, stderr=err)
+    assert len(out.getvalue().splitlines()) == 51 and err.getvalue() == ""
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("args", "message"),
     [

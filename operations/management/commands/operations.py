@@ -293,13 +293,17 @@ class Command(BaseCommand):
             )
 
     def _list(self, options: dict[str, Any]) -> None:
-        if not 1 <= options["limit"] <= LIST_LIMIT_MAX:
+        limit = options["limit"]
+        if not 1 <= limit <= LIST_LIMIT_MAX:
             raise CommandError(f"--limit must be from 1 to {LIST_LIMIT_MAX}")
-        ops = list(
+        # One past the limit, to know whether more match: cut off in silence, a runbook
+        # reading the newest never reached the oldest unknowns, those waiting the longest.
+        found = list(
             Operation.objects.filter(status=options["status"])
             .select_related("tenant")
-            .order_by("-id")[: options["limit"]]
+            .order_by("-id")[: limit + 1]
         )
+        ops = found[:limit]
         for op in ops:
             summary = intent_summary(action=op.action, payload=op.payload)
             self.stdout.write(
@@ -309,3 +313,10 @@ class Command(BaseCommand):
         if not ops:
             # On stderr: a script reading stdout still gets no lines, a person gets an answer.
             self.stderr.write(f"no {options['status']} operations")
+        elif len(found) > limit:
+            # On stderr too: stdout stays one line per operation for scripts.
+            self.stderr.write(
+                f"more than {limit} {options['status']} operations match; these are the "
+                f"newest {limit} (--limit lists up to {LIST_LIMIT_MAX}; the console's journal "
+                "pages through them all)"
+            )

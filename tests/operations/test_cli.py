@@ -147,6 +147,19 @@ def test_it_lists_one_line_per_operation_of_a_status(acme, acme_payment):
 
 
 @pytest.mark.django_db
+def test_it_lists_a_status_across_every_tenant(acme, globex):
+    a = make_unknown(prepared_payment(acme, invoice_id="inv_a"))
+    g = make_unknown(prepared_payment(globex, invoice_id="inv_g"))
+    prepared_payment(acme, invoice_id="inv_ns")
+    lines = _run("list", "--status", "unknown").splitlines()
+    assert [line.split("\t")[0] for line in lines] == [g.id, a.id]
+    # id, status, tenant, action, external id, summary: what runbooks read by column.
+    assert [line.split("\t")[1:3] for line in lines] == [["unknown", "globex"],
+                                                        ["unknown", "acme"]]
+    assert all(len(line.split("\t")) == 6 for line in lines)
+
+
+@pytest.mark.django_db
 def test_it_says_on_stderr_when_more_operations_match_than_it_lists(acme):
     ops = [make_unknown(prepared_payment(acme, invoice_id=f"inv_{i}")) for i in range(51)]
     out, err = io.StringIO(), io.StringIO()

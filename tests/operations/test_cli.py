@@ -218,6 +218,35 @@ def test_it_refuses_bad_input_with_a_clear_error(acme, args, message):
     assert not Operation.objects.exists()
 
 
+CARD = "4111111111111111"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("show", CARD),
+        ("execute", CARD),
+        ("reconcile", CARD),
+        prepare_args(tenant=CARD),
+        prepare_args(extra=("--run", f"run_{CARD}")),
+        prepare_args(extra=("--supersedes", "4111 1111 1111 1111")),
+        ("show", "sk_live_abcdefghijklmnop"),
+        # argparse's own refusals repeat an argument they do not take.
+        ("show", "op_1", "4111\t1111\t1111\t1111"),
+        ("list", "--status", CARD),
+    ],
+)
+def test_it_never_repeats_a_card_number_or_a_secret_typed_where_an_id_goes(acme, args):
+    # Refusals land in shells and CI logs: described, as intents name their keys.
+    with pytest.raises(CommandError) as refused:
+        _run(*args)
+    message = str(refused.value)
+    assert "looks like card data or a secret" in message
+    assert "1111" not in message and "abcdefgh" not in message
+    assert not Operation.objects.exists()
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("key", "named"),

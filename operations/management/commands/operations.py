@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
-from operations.intents import IntentError, intent_summary
+from operations.intents import IntentError, intent_summary, secret_in_text
 from operations.models import Operation, OperationStatus, Run, Tenant
 from operations.services import audit_actor_from_shell, shell_person
 
@@ -35,6 +35,15 @@ def _said(report: Any) -> str:
     """An execute or reconcile report as one line: outcome, status, and why."""
     detail = f" ({_printable(report.detail)})" if report.detail else ""
     return f"{report.outcome} {report.status}{detail}"
+
+
+def _typed(value: str) -> str:
+    """What was typed where an id or a slug goes, as a refusal may repeat it. Refusals land
+    in shells and CI logs, so a card number or a secret pasted there is described, never
+    repeated, as intents name their keys."""
+    if secret_in_text(value):
+        return "<not repeated: looks like card data or a secret>"
+    return repr(value)
 
 
 def _text_arguments_check(options: dict[str, Any]) -> None:
@@ -62,7 +71,7 @@ def _reason(options: dict[str, Any]) -> str:
 def _operation(operation_id: str) -> Operation:
     op = Operation.objects.select_related("tenant").filter(id=operation_id).first()
     if op is None:
-        raise CommandError(f"no operation {operation_id!r}")
+        raise CommandError(f"no operation {_typed(operation_id)}")
     return op
 
 
@@ -110,7 +119,10 @@ class _OneLineErrors(CommandParser):
     usage block before it was three to five lines for a script's log to carry."""
 
     def error(self, message: str) -> None:
-        # argparse repeats what was typed ("unrecognized arguments: …") as it is.
+        # argparse repeats what was typed ("unrecognized arguments: …") as it is: looked at
+        # before it is escaped, which would part the groups of a card number.
+        if secret_in_text(message):
+            message = "an argument looks like card data or a secret (not repeated)"
         message = _printable(message)
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (--help says more)\n")
@@ -184,7 +196,7 @@ class Command(BaseCommand):
     def _prepare(self, options: dict[str, Any]) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
         if tenant is None:
-            raise CommandError(f"no tenant {options['tenant']!r}")
+            raise CommandError(f"no tenant {_typed(options['tenant'])}")
         try:
             payload = json.loads(options["payload"])
         except json.JSONDecodeError as exc:
@@ -196,7 +208,7 @@ class Command(BaseCommand):
         if options["run"]:
             run = Run.objects.filter(id=options["run"], tenant=tenant).first()
             if run is None:
-                raise CommandError(f"no run {options['run']!r} in tenant {tenant.slug}")
+                raise CommandError(f"no run {_typed(options['run'])} in tenant {tenant.slug}")
         supersedes = None
         if options["supersedes"]:
             supersedes = Operation.objects.filter(
@@ -204,7 +216,7 @@ class Command(BaseCommand):
             ).first()
             if supersedes is None:
                 raise CommandError(
-                    f"no operation {options['supersedes']!r} in tenant {tenant.slug}"
+                    f"no operation {_typed(options['supersedes'])} in tenant {tenant.slug}"
                 )
         started = timezone.now()
         try:

@@ -58,11 +58,16 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
 
 @require_GET
 def conversation_detail(request: HttpRequest, conversation_id: str) -> HttpResponse:
-    runs = list(runs_for_user(request.user, filters=RunFilters(conversation=conversation_id)))
+    # The newest page only: an agent that loops can leave thousands of runs in one
+    # conversation. The run list, filtered by it, pages through the rest.
+    runs, next_cursor = keyset_page(
+        runs_for_user(request.user, filters=RunFilters(conversation=conversation_id)),
+        before=None, size=PAGE_SIZE,
+    )
     if not runs:
         # A conversation exists only through its runs: none visible is not found, whether it
         # is another tenant's or no one's.
         raise Http404("No such conversation")
     return render(request, "replays/conversation.html", {
-        "conversation_id": conversation_id, "runs": runs,
+        "conversation_id": conversation_id, "runs": runs, "next_cursor": next_cursor,
     })

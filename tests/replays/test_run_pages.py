@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import IntegrityError, transaction
 
 from operations.engine import operation_prepare
 from operations.models import Checkpoint, Operation, Run, RunMode, RunStatus
+from replays.views import PAGE_SIZE
 from tests.factories import RunFactory
 from tests.helpers import signed_in, triggers_off
 from tests.operations.engine_helpers import PAYMENT
@@ -183,6 +186,23 @@ def test_it_refuses_a_derived_run_without_a_reason(lineage):
                 transaction.atomic():
             RunFactory(derived_from=cp, launch_reason=reason)
     assert Run.objects.filter(parent_run=original).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_shows_a_long_conversation_a_page_at_a_time(acme, auditor):
+    """An agent that loops can leave thousands of runs in one conversation: the page showed
+    every one of them."""
+    runs = RunFactory.create_batch(PAGE_SIZE + 1, tenant=acme, conversation_id="conv_01LONG")
+    client = signed_in(auditor)
+
+    page = client.get("/runs/conversations/conv_01LONG/").content.decode()
+
+    shown = set(re.findall(r'href="/runs/(run_\w+)/"', page))
+    assert shown == {run.id for run in runs[1:]}
+    older = re.search(r'href="(/runs/\?conversation=conv_01LONG&amp;before=run_\w+)"', page)
+    assert older and "Older runs of this conversation" in page
+    rest = client.get(older.group(1).replace("&amp;", "&")).content.decode()
+    assert runs[0].id in rest and runs[1].id not in rest
 
 
 @pytest.mark.django_db

@@ -12,6 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from approvals.models import Approval
+from console.roles import role_grant
 from operations.engine import operation_dispute, operation_reconcile, operation_resolve
 from operations.models import Attempt, Evidence, Operation
 from operations.sandbox.models import PaymentIntent
@@ -54,6 +55,49 @@ def test_it_counts_the_time_to_reconcile_of_an_unknown_a_person_held_then_settle
 
     # Two operations went unknown and both are settled now: the slower took two hours.
     assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] > 3600
+
+
+def test_it_shows_none_waiting_and_no_time_to_reconcile_on_an_empty_journal(acme, operator):
+    """No sample is no time at all, not 0 s: an operator would read a zero as instant."""
+    metrics = dashboard_metrics(operator)
+    assert metrics["reconcile_p50"] is None and metrics["reconcile_p95"] is None
+    html = signed_in(operator).get("/").content.decode()
+    assert "none waiting" in _metric(html, "Unknown")
+    assert '<span class="value">—</span>' in _metric(html, "Time to reconcile")
+
+
+def test_it_interpolates_the_percentiles_of_the_time_to_reconcile(acme, operator):
+    for minutes in (1, 2, 3, 4, 100):
+        op = make_unknown(prepared_payment(acme, invoice_id=f"inv_{minutes}"),
+                          ago=timedelta(minutes=minutes))
+        operation_resolve(operation_id=op.id, actor=operator, outcome="succeeded",
+                          evidence_text="seen at the bank", reason="treasury checked")
+
+    metrics = dashboard_metrics(operator)
+
+    # Over 60, 120, 180, 240 and 6000 s: p50 the middle one, p95 most of the way to the last.
+    assert 179 < metrics["reconcile_p50"] < 190
+    assert 4800 < metrics["reconcile_p95"] < 4900
+
+
+def test_it_counts_by_status_and_dates_the_oldest_unknown_in_visible_tenants_only(
+    acme, globex, operator
+):
+    older = make_unknown(prepared_payment(acme, invoice_id="inv_o"), ago=timedelta(hours=3))
+    make_unknown(prepared_payment(acme, invoice_id="inv_n"), ago=timedelta(minutes=3))
+    prepared_payment(acme, invoice_id="inv_ns")
+    oldest = make_unknown(prepared_payment(globex, invoice_id="inv_g"), ago=timedelta(days=3))
+
+    metrics = dashboard_metrics(operator)
+
+    by_status = {status: n for status, _label, n in metrics["by_status"]}
+    assert by_status["unknown"] == 2 and by_status["not_started"] == 1
+    assert metrics["total"] == 3 and metrics["unknown_count"] == 2
+    assert metrics["unknown_oldest_since"] == older.unknown_since
+    role_grant(user=operator, role="Operator", tenant=globex)
+    metrics = dashboard_metrics(operator)
+    assert metrics["unknown_count"] == 3
+    assert metrics["unknown_oldest_since"] == oldest.unknown_since
 
 
 def _stuck_for_an_hour(acme) -> Operation:

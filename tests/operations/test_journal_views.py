@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -155,6 +156,91 @@ def test_it_pages_by_key_and_returns_only_the_rows_partial_for_htmx(acme, approv
         "/operations/", {"before": ops[1].id}, HTTP_HX_REQUEST="true"
     ).content.decode()
     assert ops[0].id in last and "Older operations" not in last
+
+
+def _every_id_paged(client, params: dict) -> list[str]:
+    """Every operation id the list shows, page by page, following its own "Older" links."""
+    seen: list[str] = []
+    before = None
+    for _ in range(50):
+        html = client.get("/operations/", {**params, **({"before": before} if before else {})}
+                          ).content.decode()
+        assert "the page link is not valid" not in html
+        seen += re.findall(r'href="/operations/(op_[0-9A-Z]{26})/"', html)
+        cursor = re.search(r"before=(op_[0-9A-Z]{26})", html)
+        if not cursor:
+            return seen
+        before = cursor.group(1)
+    pytest.fail("the pages did not end")
+
+
+@pytest.mark.django_db
+def test_it_pages_rows_created_in_one_instant_without_skipping_or_repeating_any(
+    acme, globex, operator, monkeypatch
+):
+    from console.roles import role_grant
+
+    monkeypatch.setattr("operations.views.PAGE_SIZE", 3)
+    role_grant(user=operator, role="Operator", tenant=globex)
+    ops = [prepared_payment(acme if i % 3 else globex, invoice_id=f"inv_{i}") for i in range(11)]
+    Operation.objects.update(created_at=timezone.now() - timedelta(hours=2))
+    for op in ops[::2]:
+        make_unknown(op)
+    client = signed_in(operator)
+
+    assert _every_id_paged(client, {}) == sorted((op.id for op in ops), reverse=True)
+    unknown_at_acme = _every_id_paged(client, {"status": "unknown", "tenant": "acme",
+                                               "age": "1h"})
+    assert unknown_at_acme == sorted(
+        (op.id for op in ops[::2] if op.tenant_id == acme.id), reverse=True)
+
+
+@pytest.mark.django_db
+def test_it_shows_nothing_of_another_tenants_run_through_the_run_filter(
+    acme, globex, operator
+):
+    from operations.models import Run
+
+    mine = prepared_payment(acme)
+    theirs = Run.objects.create(conversation_id="conv_g", tenant=globex, workflow_name="pay",
+                                workflow_version=1, state_schema_version=1)
+    in_their_run = operation_prepare(tenant=globex, action="payments.create", payload=PAYMENT,
+                                     run=theirs, command_id="cmd_1")
+    client = signed_in(operator)
+    html = client.get("/operations/", {"run": theirs.id}).content.decode()
+    assert in_their_run.id not in html and "No operations match." in html
+    # Their operation's id as the page cursor: acme's older rows, nothing of theirs.
+    html = client.get("/operations/", {"before": in_their_run.id}).content.decode()
+    assert mine.id in html and in_their_run.id not in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"status": "bogus"},
+        {"status": ["unknown", "bogus"]},
+        {"age": "1y"},
+        {"age": "-5m"},
+        {"action": "payments.refund"},
+        {"tenant": "acme\x00"},
+        {"run": "run_\x00"},
+        {"run": "r" * 41},
+        {"run": "   "},
+        {"run": "run_🙂" * 8},
+        {"before": "op_" + "Z" * 26 + "\n"},
+        {"before": "op_" + "z" * 26},
+        {"before": "\x00"},
+        {"before": "op_%00"},
+        {"before": "x" * 500},
+        {"status": "unknown", "tenant": "", "action": "", "run": "", "age": "", "before": ""},
+    ],
+)
+def test_it_answers_any_filter_value_with_the_page_never_an_error(acme, operator, params):
+    make_unknown(prepared_payment(acme))
+    client = signed_in(operator)
+    assert client.get("/operations/", params).status_code == 200
+    assert client.get("/operations/", params, HTTP_HX_REQUEST="true").status_code == 200
 
 
 @pytest.mark.django_db

@@ -159,6 +159,17 @@ def test_it_requires_a_reason_to_dispute(acme_unknown, operator):
 
 
 @pytest.mark.django_db
+def test_it_requires_a_reason_to_reconcile_now(acme_unknown, operator):
+    op = acme_unknown
+    response = signed_in(operator).post(f"/operations/{op.id}/reconcile",
+                                        {"reconcile-reason": "   "})
+    assert response.status_code == 400
+    op.refresh_from_db()
+    assert op.status == "unknown" and audit_count(op, "operation.reconcile") == 0
+    assert not Attempt.objects.filter(operation=op).exists()  # the provider was not asked
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(("path", "form", "wrong"), [
     ("reconcile", {"reconcile-reason": f"card {CARD}"}, "Give a reason to reconcile."),
     ("dispute", {"dispute-reason": f"card {CARD}"}, "Give a reason to dispute."),

@@ -9,10 +9,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from operations import transitions
 from operations.engine import TransitionRefused, operation_dispute
 from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
 from tests.helpers import signed_in
-from tests.operations.engine_helpers import prepared_payment
+from tests.operations.engine_helpers import make_unknown, prepared_payment
 from tests.operations.operator_helpers import RESOLVE, TEXT_ONLY, audit_count
 
 
@@ -92,6 +93,37 @@ def test_it_disputes_then_resolves_once_and_refuses_a_second_resolution(acme_unk
     assert op.status == "succeeded"
     assert audit_count(op, "operation.resolve_succeeded") == 1
     assert Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [
+    "not_started", "accepted", "unknown", "succeeded", "failed", "cancelled", "disputed"])
+@pytest.mark.parametrize(("path", "form", "target", "action"), [
+    ("resolve", TEXT_ONLY, "succeeded", "operation.resolve_succeeded"),
+    ("dispute", {"dispute-reason": "customer says otherwise"}, "disputed", "operation.dispute"),
+])
+def test_it_resolves_or_disputes_only_from_a_status_the_manual_table_allows(
+    acme, operator, status, path, form, target, action
+):
+    op = prepared_payment(acme)
+    if status in ("unknown", "disputed"):
+        make_unknown(op)
+    if status == "disputed":
+        operation_dispute(operation_id=op.id, actor=operator, reason="on hold")
+    elif status != "unknown":
+        Operation.objects.filter(id=op.id).update(status=status)
+    trail_before = AuditEvent.objects.filter(object_id=op.id).count()
+
+    response = signed_in(operator).post(f"/operations/{op.id}/{path}", form)
+
+    op.refresh_from_db()
+    if transitions.allowed(status, target, manual=True):
+        assert response.status_code == 302 and op.status == target
+        assert AuditEvent.objects.filter(object_id=op.id).count() == trail_before + 1
+        assert audit_count(op, action) == 1
+    else:
+        assert response.status_code == 409 and op.status == status
+        assert AuditEvent.objects.filter(object_id=op.id).count() == trail_before
 
 
 @pytest.mark.django_db

@@ -28,6 +28,7 @@ from operations.models import (
     WebhookEvent,
 )
 from operations.providers.base import CallOutcome, WebhookFacts
+from tests.factories import CheckpointFactory, RunFactory
 from tests.operations.engine_helpers import PAYMENT, authorized_payment, prepared_payment
 
 S = OperationStatus
@@ -62,6 +63,23 @@ def test_it_returns_the_same_operation_when_a_resumed_node_prepares_again(acme, 
         operation_prepare(tenant=acme, action="payments.create",
                           payload={**PAYMENT, "amount_minor": 1350000}, run=run,
                           command_id="cmd_pay_03")
+
+
+@pytest.mark.django_db
+def test_it_makes_a_new_operation_with_its_own_key_when_a_branch_prepares_the_same_command(
+    acme, run
+):
+    cp = CheckpointFactory(run=run)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                           checkpoint=cp, command_id="cmd_pay_01")
+    branch = RunFactory(derived_from=cp)
+
+    again = operation_prepare(tenant=acme, action="payments.create", payload=dict(PAYMENT),
+                              run=branch, command_id="cmd_pay_01")
+
+    assert again.id != op.id and again.idempotency_key != op.idempotency_key
+    # The intent is the same one: the hash binds what is asked, not the run asking it.
+    assert again.payload_hash == op.payload_hash
 
 
 @pytest.mark.django_db(transaction=True)
@@ -118,6 +136,25 @@ def test_it_supersedes_only_the_commands_current_intent(acme, run):
                           command_id="cmd_pay_10", supersedes=other,
                           payload={**PAYMENT, "amount_minor": 1_400_000})
     assert Operation.objects.filter(run=run).count() == 3
+
+
+@pytest.mark.django_db
+def test_it_never_lets_a_branchs_intent_supersede_the_original_runs(acme, run):
+    """A branch makes new operations: superseding one of the original run's would cancel
+    the original's intent from another run."""
+    cp = CheckpointFactory(run=run)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                           checkpoint=cp, command_id="cmd_pay_01")
+    branch = RunFactory(derived_from=cp)
+
+    with pytest.raises(IntentError, match="keeps the run and the command"):
+        operation_prepare(tenant=acme, action="payments.create", run=branch,
+                          command_id="cmd_pay_01", supersedes=op,
+                          payload={**PAYMENT, "amount_minor": 1})
+
+    op.refresh_from_db()
+    assert op.status == S.NOT_STARTED and not hasattr(op, "superseded_by")
+    assert not branch.operations.exists()
 
 
 @pytest.mark.django_db

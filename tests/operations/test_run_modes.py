@@ -138,3 +138,22 @@ def test_it_lets_a_branch_make_its_new_effects(acme, approver, operator, provide
                            command_id="cmd_pay_01")
     assert _approved_and_executed(op, approver).outcome == "called"
     assert op.status == S.SUCCEEDED and PaymentIntent.objects.count() == 2
+
+
+def test_it_returns_the_stored_result_when_the_original_run_continues_past_a_paid_node(
+    acme, approver, providers
+):
+    """Continue is not a replay: the node's code runs again in the same run, and its
+    command's intent is the one already paid, under the same key."""
+    checkpoint = _paid_in_the_original(acme, approver)
+    paid = checkpoint.run.operations.get()
+
+    again = operation_prepare(tenant=acme, action="payments.create", payload=dict(PAYMENT),
+                              run=checkpoint.run, checkpoint=checkpoint, command_id="cmd_pay_01")
+    report = operation_execute(operation_id=again.id)
+
+    paid.refresh_from_db()
+    assert again.id == paid.id and again.idempotency_key == paid.idempotency_key
+    assert report.outcome == "already_succeeded" and paid.status == S.SUCCEEDED
+    assert paid.provider_calls == 1 and len(payment_posts(paid)) == 1
+    assert PaymentIntent.objects.count() == 1

@@ -3,12 +3,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from operations.engine import operation_prepare
 from operations.models import Checkpoint, Operation, Run, RunMode, RunStatus
 from replays.views import PAGE_SIZE
-from tests.factories import RunFactory
+from tests.factories import CheckpointFactory, RunFactory
 from tests.helpers import signed_in, triggers_off
 from tests.operations.engine_helpers import PAYMENT
 
@@ -76,6 +76,20 @@ def test_it_pages_runs_by_key_and_answers_htmx_with_rows_only(lineage, approver,
     assert "<html" not in rows and rows.count('<td class="nowrap">') == 1
     assert f"<code>{original.id}</code>" in rows and branch.id not in rows
     assert "Older runs" not in rows
+
+
+@pytest.mark.django_db
+def test_it_gives_every_htmx_control_on_the_run_list_a_plain_link_or_form(
+    lineage, approver, monkeypatch
+):
+    monkeypatch.setattr("replays.views.PAGE_SIZE", 1)
+    html = signed_in(approver).get("/runs/").content.decode()
+    form = re.search(r"<form[^>]*hx-get[^>]*>", html).group()
+    assert 'method="get"' in form and 'action="/runs/"' in form
+    links = re.findall(r"<a [^>]*hx-get[^>]*>", html)
+    assert links
+    for tag in links:
+        assert re.search(r'href="/runs/\?[^"]*before=run_', tag), tag
 
 
 @pytest.mark.django_db
@@ -150,6 +164,35 @@ def test_it_refuses_a_run_lineage_across_tenants_or_from_another_runs_checkpoint
                 transaction.atomic():
             Run.objects.filter(id=run.id).update(tenant=globex)
     assert Run.objects.filter(tenant=globex).get() == theirs
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_runs_lineage_all_or_nothing_in_the_database(lineage):
+    original, _branch, cp, _ = lineage
+    derived_without_checkpoint = {"mode": RunMode.EVIDENCE, "parent_run": original,
+                                  "parent_checkpoint": None, "launch_reason": "reproduce"}
+    for lineage_fields, refusal in (
+        (derived_without_checkpoint, "run_lineage_complete"),
+        ({"parent_checkpoint": cp}, "not a checkpoint of its parent run"),
+        ({"mode": RunMode.ORIGINAL, "parent_run": original, "parent_checkpoint": cp},
+         "run_lineage_complete"),
+    ):
+        with pytest.raises(IntegrityError, match=refusal), transaction.atomic():
+            RunFactory(tenant=original.tenant, **lineage_fields)
+    assert Run.objects.filter(tenant=original.tenant).count() == 2
+
+
+@pytest.mark.django_db
+def test_it_refuses_any_change_to_a_checkpoint(acme):
+    cp = CheckpointFactory(run=RunFactory(tenant=acme))
+    # Raw SQL: Django's PROTECT of a checkpoint a run or an operation names would refuse a
+    # delete first and hide the trigger.
+    for statement in ("UPDATE operations_checkpoint SET state = '{}' WHERE id = %s",
+                      "DELETE FROM operations_checkpoint WHERE id = %s"):
+        with pytest.raises(IntegrityError, match="operations_checkpoint is refused"), \
+                transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(statement, [cp.id])
+    assert Checkpoint.objects.get(id=cp.id).state == {"invoice": "inv_9182"}
 
 
 @pytest.mark.django_db

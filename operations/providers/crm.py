@@ -26,6 +26,7 @@ from operations.providers.transport import (
     account_fingerprint,
     call_result,
     carried_ids,
+    listed,
     lookup_by_id,
     lookup_common,
     lookup_failure,
@@ -51,7 +52,8 @@ def _deal_facts(deal: Mapping[str, Any]) -> dict[str, Any]:
 
 def _applied_ids(deal: Mapping[str, Any]) -> list[str]:
     """The CRM's record of which operations a deal's changes came from."""
-    return [str(op_id) for op_id in deal.get("applied_operation_ids") or []]
+    applied = deal.get("applied_operation_ids")
+    return [str(op_id) for op_id in applied] if isinstance(applied, list) else []
 
 
 def _applied(op: OperationSnapshot, deal: Mapping[str, Any]) -> bool:
@@ -71,14 +73,19 @@ def _deal_retrieve(
         }
 
     return lookup_by_id(
-        f"{_base()}/deals/{path_segment(deal_id)}", api_key=settings.CRM_API_KEY,
-        what=f"deal {deal_id}", found=found,
+        f"{_base()}/deals/{path_segment(deal_id)}", object_id=deal_id,
+        api_key=settings.CRM_API_KEY, what=f"deal {deal_id}", found=found,
     )
 
 
-def _call_result(answer: Answer, body: Mapping[str, Any]) -> CallResult:
+def _call_result(
+    answer: Answer, body: Mapping[str, Any], *, lacks: Callable[[Mapping[str, Any]], str]
+) -> CallResult:
+    # The CRM answers a create or an update with the deal as it now is: only that deal,
+    # carrying this operation, shows the change made.
     return call_result(
-        answer, sent=body, outcome=lambda _: CallOutcome.SUCCEEDED, facts=_deal_facts
+        answer, sent=body, outcome=lambda _: CallOutcome.SUCCEEDED, facts=_deal_facts,
+        lacks=lacks,
     )
 
 
@@ -111,7 +118,13 @@ class CrmCreateDealAdapter:
             "agent_operation_id": op.id,
         }
         answer = send("POST", f"{_base()}/deals", api_key=settings.CRM_API_KEY, json=body)
-        return _call_result(answer, body)
+
+        def lacks(deal: Mapping[str, Any]) -> str:
+            if deal.get("id") and deal.get("agent_operation_id") == op.id:
+                return ""
+            return f"a deal carrying agent_operation_id {op.id}"
+
+        return _call_result(answer, body, lacks=lacks)
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
         method = LookupMethod.UNIQUE_FIELD
@@ -122,7 +135,13 @@ class CrmCreateDealAdapter:
         if not answer.ok:
             return lookup_failure(answer, method=method)
         common = lookup_common(answer, method=method)
-        deals = [_deal_facts(d) for d in answer.body.get("data", []) if isinstance(d, dict)]
+        listing, unexpected = listed(
+            answer, method=method, what="deals carrying this agent_operation_id",
+            belongs=lambda deal: deal.get("agent_operation_id") == op.id,
+        )
+        if unexpected:
+            return unexpected
+        deals = [_deal_facts(deal) for deal in listing]
         if not deals:
             # The CRM is strongly consistent: an empty answer is a proof, unless the CRM has
             # named our deal before (deleted since: a new one would be a second deal).
@@ -175,18 +194,25 @@ class CrmUpdateDealAdapter:
             "patch": dict(payload["patch"]),
             "agent_operation_id": op.id,
         }
+        target = str(payload["target"])
         answer = send(
             # One path segment, as retrieve sends it: never a path to another deal or endpoint.
-            "PATCH", f"{_base()}/deals/{path_segment(str(payload['target']))}",
+            "PATCH", f"{_base()}/deals/{path_segment(target)}",
             api_key=settings.CRM_API_KEY, json=body,
         )
-        result = _call_result(answer, body)
+
+        def lacks(deal: Mapping[str, Any]) -> str:
+            if deal.get("id") == target and _applied(op, deal):
+                return ""
+            return f"deal {target} with this operation among its applied_operation_ids"
+
+        result = _call_result(answer, body, lacks=lacks)
         current = result.result.get("current") or {}
         if result.outcome == CallOutcome.CONFLICT and _applied(op, current):
             # The version moved on because of us: an earlier PATCH of this operation, whose
             # answer we lost, already applied the change. That is success, not a conflict.
             return replace(
-                result, outcome=CallOutcome.SUCCEEDED, external_id=str(payload["target"]),
+                result, outcome=CallOutcome.SUCCEEDED, external_id=target,
                 result=_deal_facts(current), error_class="", error_message="",
             )
         if result.outcome == CallOutcome.CONFLICT:

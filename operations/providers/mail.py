@@ -26,6 +26,7 @@ from operations.providers.transport import (
     account_fingerprint,
     call_result,
     carried_ids,
+    listed,
     lookup_by_id,
     lookup_common,
     lookup_failure,
@@ -89,10 +90,15 @@ class MailSendAdapter:
             "POST", f"{_base()}/messages", api_key=settings.MAIL_API_KEY,
             headers={"Idempotency-Key": op.idempotency_key}, json=body,
         )
+
+        def lacks(message: Mapping[str, Any]) -> str:
+            # The message this key made, now or the first time: it carries this operation.
+            if message.get("id") and message.get("operation_id") == op.id:
+                return ""
+            return f"a message carrying operation_id {op.id}"
+
         return call_result(
-            answer, sent=body,
-            outcome=message_status,
-            facts=_message_facts,
+            answer, sent=body, outcome=message_status, facts=_message_facts, lacks=lacks,
         )
 
     def lookup(self, op: OperationSnapshot) -> LookupResult:
@@ -108,7 +114,12 @@ class MailSendAdapter:
         if not answer.ok:
             return lookup_failure(answer, method=method)
         common = lookup_common(answer, method=method)
-        messages = [m for m in answer.body.get("data", []) if isinstance(m, dict)]
+        messages, unexpected = listed(
+            answer, method=method, what="messages carrying this idempotency key",
+            belongs=lambda message: message.get("idempotency_key") == op.idempotency_key,
+        )
+        if unexpected:
+            return unexpected
         matches = [_message_facts(m) for m in messages]
         if len(messages) > 1:
             return LookupResult(
@@ -151,7 +162,7 @@ class MailSendAdapter:
             }
 
         return lookup_by_id(
-            f"{_base()}/messages/{path_segment(external_id)}",
+            f"{_base()}/messages/{path_segment(external_id)}", object_id=external_id,
             api_key=settings.MAIL_API_KEY, what=f"message {external_id}", found=found,
         )
 

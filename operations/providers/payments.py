@@ -29,6 +29,7 @@ from operations.providers.transport import (
     account_fingerprint,
     call_result,
     carried_ids,
+    listed,
     lookup_by_id,
     lookup_common,
     lookup_failure,
@@ -73,6 +74,11 @@ def _facts(intent: Mapping[str, Any]) -> dict[str, Any]:
         "amount": intent.get("amount"),
         "currency": intent.get("currency", ""),
     }
+
+
+def _operation_of(intent: Mapping[str, Any]) -> str:
+    metadata = intent.get("metadata")
+    return str(metadata.get("operation_id") or "") if isinstance(metadata, dict) else ""
 
 
 def _attempted_intent(answer: Answer) -> Mapping[str, Any] | None:
@@ -137,9 +143,18 @@ class PaymentsCreateAdapter:
             "POST", f"{self.endpoint()}/v1/payment_intents", api_key=settings.PAYMENTS_API_KEY,
             headers={**self._headers(), "Idempotency-Key": op.idempotency_key}, data=params,
         )
+
+        def lacks(intent: Mapping[str, Any]) -> str:
+            # Stripe answers a create, or its replay by key, with the PaymentIntent it made,
+            # which carries the metadata sent.
+            if (intent.get("object") == "payment_intent" and intent.get("id")
+                    and _operation_of(intent) == op.id):
+                return ""
+            return f"a PaymentIntent carrying metadata operation_id {op.id}"
+
         result = call_result(
             answer, sent=params, outcome=lambda body: payment_status(str(body.get("status", ""))),
-            facts=_facts,
+            facts=_facts, lacks=lacks,
         )
         intent = _attempted_intent(answer)
         if intent is None:
@@ -184,14 +199,14 @@ class PaymentsCreateAdapter:
                 "status": payment_status(str(intent.get("status"))),
                 "external_id": str(intent.get("id", external_id)),
                 "matches": [_facts(intent)], "result": _facts(intent),
-                "operation_ids": carried_ids((intent.get("metadata") or {}).get("operation_id")),
+                "operation_ids": carried_ids(_operation_of(intent)),
                 "waits_on": _waits_on(intent),
             }
 
         return lookup_by_id(
             f"{self.endpoint()}/v1/payment_intents/{path_segment(external_id)}",
-            api_key=settings.PAYMENTS_API_KEY, what=f"payment {external_id}", found=found,
-            headers=self._headers(),
+            object_id=external_id, api_key=settings.PAYMENTS_API_KEY,
+            what=f"payment {external_id}", found=found, headers=self._headers(),
         )
 
     def _search(self, op: OperationSnapshot) -> LookupResult:
@@ -204,7 +219,12 @@ class PaymentsCreateAdapter:
         if not answer.ok:
             return lookup_failure(answer, method=method)
         common = lookup_common(answer, method=method)
-        found = [item for item in answer.body.get("data", []) if isinstance(item, dict)]
+        found, unexpected = listed(
+            answer, method=method, what="payments carrying this operation id",
+            belongs=lambda intent: _operation_of(intent) == op.id, list_object="search_result",
+        )
+        if unexpected:
+            return unexpected
         matches = [_facts(item) for item in found]
         if len(found) > 1 or answer.body.get("has_more"):
             # Never pick one: which of several charges is "ours" is a person's call.

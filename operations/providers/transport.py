@@ -30,6 +30,9 @@ from operations.providers.base import (
 REPLAYED_5XX = "replayed_5xx"
 # A lookup that failed on the wire may well work a little later; a person is not needed yet.
 LOOKUP_RETRY_AFTER = timedelta(seconds=30)
+# A 2xx whose body is not the provider's answer to the request: a proxy's or maintenance page
+# (HTML, read as {}), a catch-all stub, an API of another shape. It proves nothing either way.
+UNEXPECTED_BODY = "unexpected_body"
 
 
 @dataclass(frozen=True)
@@ -152,15 +155,27 @@ def call_result(
     sent: Mapping[str, Any],
     outcome: Callable[[dict[str, Any]], CallOutcome],
     facts: Callable[[Mapping[str, Any]], dict[str, Any]],
+    lacks: Callable[[Mapping[str, Any]], str],
 ) -> CallResult:
     """The CallResult of one create/update: on a 2xx, `outcome` and `facts` read the body;
     otherwise `call_failure` decides. A version conflict carries what the record is now, so a
-    person can decide; it is never retried with fresh data."""
+    person can decide; it is never retried with fresh data.
+
+    `lacks` says what a 2xx body lacks to be the provider's answer to this call ("" when
+    nothing): the object the call made or changed, carrying this operation. Anything at the
+    provider's address can answer 200; taken for success, it would close the operation for
+    good on an effect nobody made. Without it the call is unknown, and a lookup finds out."""
     common: dict[str, Any] = {
         "request_hash": request_fingerprint(sent),
         "provider_request_id": answer.request_id,
         "http_status": answer.status,
     }
+    missing = lacks(answer.body) if answer.ok else ""
+    if missing:
+        return CallResult(
+            outcome=CallOutcome.UNKNOWN, error_class=UNEXPECTED_BODY,
+            error_message=f"the provider answered {answer.status} without {missing}", **common,
+        )
     if answer.ok:
         return CallResult(
             outcome=outcome(answer.body), external_id=str(answer.body.get("id", "")),
@@ -236,14 +251,46 @@ def lookup_failure(answer: Answer, *, method: Any) -> LookupResult:
     )
 
 
+def unexpected_answer(answer: Answer, *, method: Any, missing: str) -> LookupResult:
+    """A lookup answered 2xx without what was asked (`missing`): nothing is proven, absence
+    least of all; asked again later, the provider itself may answer."""
+    return LookupResult(
+        outcome=LookupOutcome.INCONCLUSIVE, retry_after=LOOKUP_RETRY_AFTER,
+        reason=f"the provider answered {answer.status} without {missing} (is the API base "
+        "right?)",
+        **lookup_common(answer, method=method),
+    )
+
+
+def listed(
+    answer: Answer, *, method: Any, what: str, belongs: Callable[[Mapping[str, Any]], bool],
+    list_object: str = "",
+) -> tuple[list[dict[str, Any]], LookupResult | None]:
+    """The objects of a 2xx list answer (`data`, and Stripe's `object` when `list_object`
+    names it), each of which must be one asked for (`belongs`); else an inconclusive
+    lookup. An empty list proves absence only when it is the provider's: a page that is
+    not (HTML, read as {}) has no `data`, and a provider that ignored the filter lists
+    others' objects, which are no match of ours either."""
+    data = answer.body.get("data")
+    if (list_object and answer.body.get("object") != list_object) or not isinstance(data, list):
+        return [], unexpected_answer(answer, method=method, missing=f"its list of {what}")
+    if not all(isinstance(item, dict) for item in data):
+        return [], unexpected_answer(answer, method=method, missing=f"a list of {what} objects")
+    if not all(belongs(item) for item in data):
+        return [], unexpected_answer(
+            answer, method=method, missing=f"a list of only the {what} asked for")
+    return data, None
+
+
 def lookup_by_id(
-    url: str, *, api_key: str, what: str, found: Callable[[Mapping[str, Any]], dict[str, Any]],
-    headers: dict[str, str] | None = None,
+    url: str, *, object_id: str, api_key: str, what: str,
+    found: Callable[[Mapping[str, Any]], dict[str, Any]], headers: dict[str, str] | None = None,
 ) -> LookupResult:
     """GET one object by the provider's own id: absent on a 404 that says the object is
     missing (a provider never reuses an id it gave, so "no such object" is a proof),
-    inconclusive when it could not be asked, else FOUND with what `found` reads of the
-    object (status, external_id, facts, the operation ids it carries)."""
+    inconclusive when it could not be asked or the 2xx is not that object, else FOUND with
+    what `found` reads of the object (status, external_id, facts, the operation ids it
+    carries)."""
     method = LookupMethod.EXTERNAL_ID
     answer = send("GET", url, api_key=api_key, headers=headers)
     common = lookup_common(answer, method=method)
@@ -261,6 +308,8 @@ def lookup_by_id(
         )
     if not answer.ok:
         return lookup_failure(answer, method=method)
+    if answer.body.get("id") != object_id:
+        return unexpected_answer(answer, method=method, missing=what)
     return LookupResult(outcome=LookupOutcome.FOUND, **found(answer.body), **common)
 
 

@@ -7,6 +7,7 @@ import pytest
 from operations.models import Operation
 from operations.providers.transport import shared_client_close
 from tests.operations.engine_helpers import make_unknown, prepared_payment
+from tests.operations.providers_support import NotTheProvider
 
 # pytest rewrites the asserts of test modules only: registered before any test imports it,
 # a failing check in this helper shows its values as one in a test does.
@@ -67,3 +68,12 @@ def providers_drained(providers) -> Iterator[dict[str, str]]:
     yield providers
     wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
              timeout=15, what="every request to end at the sandbox")
+
+
+@pytest.fixture
+def maintenance_page(settings) -> Iterator[NotTheProvider]:
+    """Every provider's address answers 200 with an HTML page (read as {}): not the provider."""
+    page = NotTheProvider(b"<html><body>Back soon</body></html>", "text/html")
+    page.point_adapters_here(settings)
+    yield page
+    page.close()

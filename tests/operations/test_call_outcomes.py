@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from operations import engine
 from operations.models import Operation, OperationStatus
-from operations.sandbox.models import PaymentIntent
+from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.selectors import sandbox_counts
 from operations.sandbox.services import sandbox_fault_set
 from tests.operations.engine_helpers import async_payment, authorized_payment, died_mid_call
@@ -55,6 +55,37 @@ def test_it_fails_a_declined_payment_once_and_keeps_the_intent_stripe_made(
     assert report.outcome == "nothing_to_do"
     assert op.provider_calls == 1 and len(payment_posts(op)) == 1
     assert op.attempts.get().http_status == 402
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("action", ["crm.create_deal", "crm.update_deal"])
+def test_it_leaves_a_deal_change_answered_200_without_the_deal_unknown(
+    acme, approver, maintenance_page, action
+):
+    # A 200 that names no deal (a proxy's maintenance page) proves nothing was made or
+    # changed: closed as succeeded, the journal would claim a deal that does not exist.
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    payload = {"target": deal.id, "expected_version": 1, "patch": {"stage": "won"}} \
+        if action == "crm.update_deal" else \
+        {"name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"}
+    op = engine.operation_prepare(tenant=acme, action=action, payload=payload)
+    if op.requires_approval:
+        engine.operation_authorize(
+            operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+            approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert (op.status, op.error_code, op.external_id) == (S.UNKNOWN, "unexpected_body", "")
+    # Its lookup reaches the same page: nothing is proven, so nothing is called again.
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.provider_calls == 1
+    assert [method for method, _ in maintenance_page.requests] == [
+        "PATCH" if action == "crm.update_deal" else "POST", "GET"]
+    deal.refresh_from_db()
+    assert (Deal.objects.count(), deal.version, deal.applied_operation_ids) == (1, 1, [])
 
 
 @pytest.mark.django_db(transaction=True)

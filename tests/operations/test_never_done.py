@@ -204,3 +204,32 @@ def test_it_takes_an_empty_search_for_the_moment_it_was_sent_not_answered(
     op.refresh_from_db()
     assert op.status == S.SUCCEEDED and op.external_id == intent.id
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_closes_an_unknown_payment_as_never_done_on_a_maintenance_page(
+    acme, approver, maintenance_page, settings
+):
+    from operations.providers.transport import account_fingerprint
+    from tests.factories import CallAttemptFactory
+    from tests.operations.engine_helpers import make_unknown
+
+    settings.PAYMENTS_SEARCH_LAG_SECONDS = 0
+    settings.PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = 0
+    op = make_unknown(authorized_payment(acme, approver), ago=timedelta(minutes=10))
+    # Its one call gave up long ago, and its approval has run out since: a proven absence
+    # would close it as cancelled, for good (a replacing intent gets a new key).
+    long_ago = timezone.now() - timedelta(minutes=10)
+    CallAttemptFactory(operation=op, started_at=long_ago, finished_at=long_ago,
+                       outcome="unknown", error_class="timeout",
+                       provider_account=account_fingerprint(
+                           settings.PAYMENTS_API_BASE, settings.PAYMENTS_API_KEY))
+    Operation.objects.filter(id=op.id).update(authorization_expires_at=long_ago)
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    # A 200 page that is not Stripe's search result proves nothing absent.
+    assert op.status == S.UNKNOWN and report.outcome == "inconclusive", report
+    assert op.next_reconcile_at is not None
+    assert [method for method, _ in maintenance_page.requests] == ["GET"]  # no call

@@ -27,7 +27,7 @@ from operations.sandbox.services import (
     sandbox_fault_set,
     sandbox_message_deliver,
 )
-from tests.operations.providers_support import payment, snapshot
+from tests.operations.providers_support import NotTheProvider, payment, snapshot
 
 PAYMENTS = adapter_for("payments.create")
 
@@ -309,6 +309,104 @@ def test_it_never_takes_an_unreachable_provider_for_proof_that_an_object_is_gone
     for found in asked:
         assert found.outcome is LookupOutcome.INCONCLUSIVE, found
         assert found.retry_after == timedelta(seconds=30) and found.http_status is None
+
+
+DEAL = {"name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"}
+MAIL = {"to": "cfo@acme.test", "template": "receipt", "params": {"invoice": "inv_42"}}
+# One object of each provider's shape at once (a deal, a message, a PaymentIntent), all of
+# them another operation's.
+OTHER_OPERATIONS_OBJECT = {
+    "id": "obj_1", "object": "payment_intent", "status": "succeeded",
+    "metadata": {"operation_id": "op_other"}, "agent_operation_id": "op_other",
+    "applied_operation_ids": ["op_other"], "operation_id": "op_other",
+    "idempotency_key": "idem-op_other",
+}
+
+
+def _ops_of_every_action() -> dict[str, object]:
+    return {
+        "payments.create": payment(),
+        "crm.create_deal": snapshot("crm.create_deal", DEAL),
+        "crm.update_deal": snapshot("crm.update_deal", {
+            "target": "obj_1", "expected_version": 1, "patch": {"stage": "won"}}),
+        "mail.send": snapshot("mail.send", MAIL),
+    }
+
+
+@pytest.mark.parametrize("action",
+                         ["payments.create", "crm.create_deal", "crm.update_deal", "mail.send"])
+@pytest.mark.parametrize("answer", ["maintenance_page", "other_operations_object"])
+def test_it_takes_a_2xx_without_the_object_its_call_made_for_unknown(settings, action, answer):
+    # Anything at the provider's address can answer 200. Read as success, a deal nobody
+    # made would close its operation for good; unknown, a lookup finds out.
+    stub = (NotTheProvider(b"<html><body>Back soon</body></html>", "text/html")
+            if answer == "maintenance_page"
+            else NotTheProvider.answering_json(OTHER_OPERATIONS_OBJECT))
+    stub.point_adapters_here(settings)
+    try:
+        result = adapter_for(action).call(_ops_of_every_action()[action])
+    finally:
+        stub.close()
+
+    assert (result.outcome, result.error_class, result.http_status) == (
+        CallOutcome.UNKNOWN, "unexpected_body", 200)
+    assert result.error_message.startswith("the provider answered 200 without ")
+    assert (result.external_id, result.result) == ("", {})
+    assert len(stub.requests) == 1 and stub.requests[0][0] in ("POST", "PATCH")
+
+
+@pytest.mark.parametrize("action", ["crm.create_deal", "mail.send", "payments.create"])
+def test_it_never_takes_a_lookup_answered_200_by_a_maintenance_page_for_proof_of_absence(
+    maintenance_page, action
+):
+    # An HTML page is {} to the client: "no such effect" read from it would let the engine
+    # call again, or close an unknown operation as never done.
+    op = _ops_of_every_action()[action]
+
+    found = adapter_for(action).lookup(op)
+
+    assert [method for method, _ in maintenance_page.requests] == ["GET"]
+    assert (found.outcome, found.retry_after, found.http_status) == (
+        LookupOutcome.INCONCLUSIVE, timedelta(seconds=30), 200)
+    assert found.reason.startswith("the provider answered 200 without its list of ")
+
+
+@pytest.mark.parametrize(("action", "asked_by"), [
+    ("payments.create", "lookup"), ("mail.send", "lookup"), ("crm.update_deal", "lookup"),
+    ("payments.create", "retrieve"), ("mail.send", "retrieve"), ("crm.create_deal", "retrieve"),
+])
+def test_it_never_takes_a_2xx_that_is_not_the_object_asked_for_by_id_for_what_it_holds(
+    maintenance_page, action, asked_by
+):
+    # Read as the object, a page would be a deal "found" without this update (so absent,
+    # and the PATCH goes again), or a payment found in whatever status "" maps to.
+    adapter = adapter_for(action)
+    op = replace(_ops_of_every_action()[action], external_id="obj_1")
+
+    found = adapter.lookup(op) if asked_by == "lookup" else adapter.retrieve("obj_1")
+
+    assert (found.outcome, found.retry_after, found.method, found.http_status) == (
+        LookupOutcome.INCONCLUSIVE, timedelta(seconds=30), LookupMethod.EXTERNAL_ID, 200)
+    assert found.reason.startswith("the provider answered 200 without ")
+    assert [method for method, _ in maintenance_page.requests] == ["GET"]
+    assert maintenance_page.requests[0][1].endswith("/obj_1")
+
+
+@pytest.mark.parametrize("action", ["crm.create_deal", "mail.send", "payments.create"])
+def test_it_finds_nothing_in_a_list_of_objects_it_did_not_ask_for(settings, action):
+    # A provider that ignored the filter (another API version, a renamed parameter) lists
+    # others' objects: none of them is this operation's, nor proof that it has none.
+    stub = NotTheProvider.answering_json(
+        {"object": "search_result", "data": [OTHER_OPERATIONS_OBJECT]})
+    stub.point_adapters_here(settings)
+    try:
+        found = adapter_for(action).lookup(_ops_of_every_action()[action])
+    finally:
+        stub.close()
+
+    assert (found.outcome, found.retry_after, found.matches) == (
+        LookupOutcome.INCONCLUSIVE, timedelta(seconds=30), [])
+    assert "a list of only the " in found.reason and len(stub.requests) == 1
 
 
 def test_it_is_inconclusive_inside_the_search_lag_then_found(sandbox, settings):
@@ -768,6 +866,6 @@ def test_it_calls_only_a_4xx_refusal_a_definite_failure(answer, outcome, error_c
     assert not answer.ok
     assert call_failure(answer)[:2] == (outcome, error_class)
     result = call_result(answer, sent={"amount": 1}, outcome=lambda body: CallOutcome.SUCCEEDED,
-                         facts=dict)
+                         facts=dict, lacks=lambda body: "")
     assert (result.outcome, result.error_class, result.external_id) == (
         outcome, error_class, "")

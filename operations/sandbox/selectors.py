@@ -66,6 +66,18 @@ def sandbox_writes(*, provider: str, operation_id: str | None = None) -> QuerySe
     )
 
 
+def sandbox_operations_written(
+    *, provider: str, path: str | None = None, idempotency_key: str | None = None
+) -> list[str]:
+    """The operations whose writes reached this path or carried this key, newest first."""
+    writes = sandbox_writes(provider=provider).exclude(operation_id="")
+    if path is not None:
+        writes = writes.filter(path=path)
+    if idempotency_key is not None:
+        writes = writes.filter(idempotency_key=idempotency_key)
+    return list(dict.fromkeys(writes.order_by("-id").values_list("operation_id", flat=True)))
+
+
 def sandbox_counts() -> dict[str, int]:
     return {
         "payment_intents": PaymentIntent.objects.count(),

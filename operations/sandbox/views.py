@@ -96,6 +96,64 @@ def _operation_id(params: Params) -> str:
     return ""
 
 
+# Which operations a request is about, for the faults aimed at them and for the log: the
+# operation a write or a search names; for a read by the provider's id or by key, the ones
+# the object names, and those whose writes reached it, since a read names no operation.
+OperationsOf = Callable[[HttpRequest, Params, dict[str, Any]], list[str]]
+
+
+def _operations_named(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> list[str]:
+    operation_id = _operation_id(params)
+    return [operation_id] if operation_id else []
+
+
+def _distinct(ids: list[Any]) -> list[str]:
+    return list(dict.fromkeys(str(op_id) for op_id in ids if op_id))
+
+
+def _payment_operations(
+    request: HttpRequest, params: Params, kwargs: dict[str, Any]
+) -> list[str]:
+    intent = PaymentIntent.objects.filter(pk=kwargs["intent_id"]).first()
+    return _distinct([intent.metadata.get("operation_id")] if intent else [])
+
+
+def _deal_operations(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> list[str]:
+    if request.method != "GET":
+        return _operations_named(request, params, kwargs)
+    # A lookup of an update reads the deal, which names the update only once it applied
+    # (not after a 500 that applied nothing): the PATCHes sent to it name the rest. The
+    # newest writer first, the one most likely asking.
+    deal = Deal.objects.filter(pk=kwargs["deal_id"]).first()
+    applied = [*reversed(deal.applied_operation_ids), deal.agent_operation_id] if deal else []
+    return _distinct([
+        *selectors.sandbox_operations_written(provider=Provider.CRM, path=request.path),
+        *applied,
+    ])
+
+
+def _messages_operations(
+    request: HttpRequest, params: Params, kwargs: dict[str, Any]
+) -> list[str]:
+    key = params.get("idempotency_key")
+    if request.method != "GET" or not isinstance(key, str) or not key:
+        return _operations_named(request, params, kwargs)
+    # The message the key made, or, when none was made (a 500 before it), the sends that
+    # carried the key.
+    message = Message.objects.filter(idempotency_key=key).first()
+    return _distinct([
+        message.operation_id if message else "",
+        *selectors.sandbox_operations_written(provider=Provider.MAIL, idempotency_key=key),
+    ])
+
+
+def _message_operations(
+    request: HttpRequest, params: Params, kwargs: dict[str, Any]
+) -> list[str]:
+    message = Message.objects.filter(pk=kwargs["message_id"]).first()
+    return _distinct([message.operation_id] if message else [])
+
+
 def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
     values = [("Idempotency-Key", request.headers.get("Idempotency-Key", ""))]
     for name, value in params.items():
@@ -143,8 +201,8 @@ def _stall(seconds: float) -> None:
 
 
 def _answer(
-    request: HttpRequest, provider: str, view: View, params: Params | None, operation_id: str,
-    kwargs: dict[str, Any],
+    request: HttpRequest, provider: str, view: View, params: Params | None,
+    operation_ids: list[str], kwargs: dict[str, Any],
 ) -> HttpResponse:
     if not _authorized(request, provider):
         return error(401, type="authentication_error", code="invalid_api_key",
@@ -161,7 +219,7 @@ def _answer(
         return problem
     kinds = WRITE_FAULTS if request.method in WRITE_METHODS else READ_FAULTS
     fault = services.sandbox_fault_take(
-        provider=provider, kinds=kinds, operation_ids=[operation_id]
+        provider=provider, kinds=kinds, operation_ids=operation_ids
     )
     kind = fault.kind if fault else ""
     # The view acts on the faults that change what it does (a declined card, 3-D Secure).
@@ -199,22 +257,28 @@ def _answer(
     return response
 
 
-def endpoint(provider: str) -> Callable[[View], View]:
+def endpoint(
+    provider: str, *, operations_of: OperationsOf = _operations_named
+) -> Callable[[View], View]:
     def decorate(view: View) -> View:
         @functools.wraps(view)
         def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
             params = _params(request)
-            operation_id = _operation_id(params or {})
+            # A NUL byte is refused with a 400 (_nul_byte); PostgreSQL would raise on it here.
+            operation_ids = (
+                [] if _holds_nul([params, kwargs]) else operations_of(request, params or {}, kwargs)
+            )
             # Computed once: the log, the idempotency claim and the key-reuse check use it.
             request.params_fingerprint = request_fingerprint(params) if params is not None else ""
             rid = request_id()
             log = services.sandbox_request_log(
                 provider=provider, method=request.method or "", path=request.path,
                 idempotency_key=request.headers.get("Idempotency-Key", ""),
-                operation_id=operation_id, params_hash=request.params_fingerprint,
+                operation_id=operation_ids[0] if operation_ids else "",
+                params_hash=request.params_fingerprint,
                 request_id=rid,
             )
-            response = _answer(request, provider, view, params, operation_id, kwargs)
+            response = _answer(request, provider, view, params, operation_ids, kwargs)
             services.sandbox_request_answered(request=log, status=response.status_code)
             response["Request-Id"] = rid
             return response
@@ -332,7 +396,7 @@ def payment_intents_search(request: HttpRequest, params: Params) -> HttpResponse
     })
 
 
-@endpoint(Provider.PAYMENTS)
+@endpoint(Provider.PAYMENTS, operations_of=_payment_operations)
 def payment_intent(request: HttpRequest, params: Params, intent_id: str) -> HttpResponse:
     if request.method != "GET":
         return _not_allowed(request)
@@ -409,7 +473,7 @@ def deals(request: HttpRequest, params: Params) -> HttpResponse:
     return JsonResponse(serializers.deal_json(created), status=201)
 
 
-@endpoint(Provider.CRM)
+@endpoint(Provider.CRM, operations_of=_deal_operations)
 def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
     current = Deal.objects.filter(pk=deal_id).first()
     if current is None:
@@ -451,7 +515,7 @@ def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
 # --- mail ---------------------------------------------------------------------------------
 
 
-@endpoint(Provider.MAIL)
+@endpoint(Provider.MAIL, operations_of=_messages_operations)
 def messages(request: HttpRequest, params: Params) -> HttpResponse:
     if request.method == "GET":
         found = Message.objects.all()
@@ -483,7 +547,7 @@ def messages(request: HttpRequest, params: Params) -> HttpResponse:
     return JsonResponse(serializers.message_json(message), status=202)
 
 
-@endpoint(Provider.MAIL)
+@endpoint(Provider.MAIL, operations_of=_message_operations)
 def message(request: HttpRequest, params: Params, message_id: str) -> HttpResponse:
     if request.method != "GET":
         return _not_allowed(request)

@@ -54,6 +54,35 @@ def test_it_stays_unknown_with_zero_calls_when_the_lookup_fails(acme, approver, 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_stays_unknown_with_zero_calls_when_a_deal_updates_lookup_fails(
+    acme, approver, providers
+):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    op = engine.operation_prepare(tenant=acme, action="crm.update_deal", payload={
+        "target": deal.id, "expected_version": 1, "patch": {"stage": "won"}})
+    engine.operation_authorize(
+        operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    sandbox_fault_set(provider="crm", kind="http_500", match=op.id)  # the PATCH: not applied
+    engine.operation_execute(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == S.UNKNOWN
+
+    # The CRM cannot answer about this operation now: its only lookup, GET /deals/{target},
+    # fails, and no second PATCH follows.
+    sandbox_fault_set(provider="crm", kind="http_500", match=op.id)
+    assert engine.operation_execute(operation_id=op.id).outcome == "reconciled"
+
+    op.refresh_from_db()
+    deal.refresh_from_db()
+    lookup = op.attempts.filter(kind=AttemptKind.LOOKUP).get()
+    assert (lookup.outcome, lookup.http_status) == ("inconclusive", 500)
+    assert op.status == S.UNKNOWN and op.provider_calls == 1
+    assert [w.response_status for w in sandbox_writes(provider="crm", operation_id=op.id)] == [
+        500]
+    assert (deal.version, deal.applied_operation_ids) == (1, [])
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_leaves_an_ambiguous_crm_lookup_to_a_person(acme, operator, providers, client):
     op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
         "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})

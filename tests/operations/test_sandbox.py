@@ -4,6 +4,7 @@ import io
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -25,6 +26,7 @@ from operations.sandbox.models import (
 from operations.sandbox.selectors import (
     sandbox_counts,
     sandbox_requests,
+    sandbox_writes,
 )
 from operations.sandbox.services import (
     SandboxStateError,
@@ -378,6 +380,43 @@ def test_it_aims_faults_at_an_operations_search_and_mail_by_its_id(sandbox):
         == [("GET", 500)]
     assert list(sandbox_requests(operation_id=mail.id).values_list("method", "response_status")) \
         == [("POST", 500)]
+
+
+@pytest.mark.parametrize("lookup", ["mail_by_key", "mail_by_id", "payment_by_id",
+                                    "deal_by_id_unapplied"])
+def test_it_aims_a_fault_at_an_operations_lookups_by_id_and_by_key(sandbox, lookup):
+    # A read names no operation: the object it reads does, or the writes that reached it
+    # (an update whose PATCH got a 500 is not among the deal's applied_operation_ids).
+    if lookup.startswith("mail"):
+        adapter = adapter_for("mail.send")
+        op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                    "params": {}})
+    elif lookup == "payment_by_id":
+        adapter, op = PAYMENTS, payment()
+    else:
+        deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+        adapter = adapter_for("crm.update_deal")
+        op = snapshot("crm.update_deal", {"target": deal.id, "expected_version": 1,
+                                          "patch": {"stage": "won"}})
+        sandbox_fault_set(provider="crm", kind="http_500", match=op.id)
+    sent = adapter.call(op)
+    if lookup.endswith("by_id"):
+        op = replace(op, external_id=sent.external_id)
+    provider = adapter.contract.provider
+    sandbox_fault_set(provider=provider, kind="http_500", match=op.id)
+
+    found = adapter.lookup(op)
+
+    assert (found.outcome, found.http_status) == (LookupOutcome.INCONCLUSIVE, 500)
+    assert SandboxFault.objects.filter(remaining__gt=0).count() == 0  # none left for a write
+    assert list(sandbox_requests(provider=provider, method="GET").values_list(
+        "operation_id", "response_status")) == [(op.id, 500)]
+    assert len(sandbox_writes(provider=provider, operation_id=op.id)) == 1
+    counts = sandbox_counts()
+    assert (counts["payment_intents"], counts["messages"], counts["deals"]) == {
+        "mail_by_key": (0, 1, 0), "mail_by_id": (0, 1, 0), "payment_by_id": (1, 0, 0),
+        "deal_by_id_unapplied": (0, 0, 1)}[lookup]
+    assert all(not deal.applied_operation_ids for deal in Deal.objects.all())
 
 
 def test_it_stalls_past_the_clients_timeout_unless_told_how_long(settings):

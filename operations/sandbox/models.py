@@ -50,10 +50,11 @@ class FaultKind(models.TextChoices):
 
 
 class SandboxFault(models.Model):
-    """A fault to inject; `match` is an operation id or "*" for every request."""
+    """A fault to inject; `match` is an operation id, an Idempotency-Key (as long as the
+    providers take one), or "*" for every request."""
 
     provider = models.CharField(max_length=20, choices=Provider)
-    match = models.CharField(max_length=120, default="*")
+    match = models.CharField(max_length=255, default="*")
     kind = models.CharField(max_length=40, choices=FaultKind)
     # Taken one per matching request; search_lag ignores it and stays on until cleared.
     remaining = models.PositiveIntegerField(default=1)

@@ -19,10 +19,12 @@ from operations.sandbox.models import (
 
 
 def sandbox_faults_matching(
-    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str]
+    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str],
+    keys: Iterable[str] = (),
 ) -> list[SandboxFault]:
-    """The faults left for this request; one aimed at its operation before a blanket one."""
-    ids = [op for op in operation_ids if op]
+    """The faults left for this request; one aimed at its operations or its idempotency
+    keys before a blanket one."""
+    ids = [target for target in [*operation_ids, *keys] if target]
     faults = list(SandboxFault.objects.filter(
         Q(match="*") | Q(match__in=ids), provider=provider, kind__in=list(kinds), remaining__gt=0
     ).order_by("id"))

@@ -60,6 +60,17 @@ class DealExists(SandboxStateError):
 # --- faults -------------------------------------------------------------------------------
 
 
+# Faults only the payments sandbox carries out, and why: taken for another provider they
+# would never fire, or fire as something else, and a test would pass without its failure.
+PAYMENTS_ONLY_FAULTS = {
+    FaultKind.CARD_DECLINED: "only payments take cards",
+    FaultKind.REQUIRES_ACTION: "only payments take cards",
+    # The CRM takes no key; the mail API answers a known key with the message it made.
+    FaultKind.HTTP_500_KEPT: "only the payments API keeps a request's answer for its key",
+    FaultKind.SEARCH_LAG: "only the payments API has a search, which can lag",
+}
+
+
 def sandbox_fault_set(
     *, provider: str, kind: str, match: str = "*", times: int = 1, **params: Any
 ) -> SandboxFault:
@@ -71,16 +82,15 @@ def sandbox_fault_set(
         raise ValueError("times must be at least 1")
     limit = SandboxFault._meta.get_field("match").max_length
     if len(match) > limit:
-        raise ValueError(f"match is an operation id or '*': at most {limit} characters")
+        raise ValueError(
+            f"match is an operation id, an Idempotency-Key or '*': at most {limit} characters")
     seconds = params.get("seconds")
     if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
         # Stored, -5 made the sandbox's sleep raise (a bare 500, the fault used up); nan
         # and inf are no JSON the database takes.
         raise ValueError("seconds must be a duration: a finite number, 0 or more")
-    if kind in (FaultKind.CARD_DECLINED, FaultKind.REQUIRES_ACTION) and (
-        provider != Provider.PAYMENTS
-    ):
-        raise ValueError(f"{kind} is a payments fault: only payments take cards")
+    if kind in PAYMENTS_ONLY_FAULTS and provider != Provider.PAYMENTS:
+        raise ValueError(f"{kind} is a payments fault: {PAYMENTS_ONLY_FAULTS[kind]}")
     return SandboxFault.objects.create(
         provider=provider, kind=kind, match=match or "*", remaining=times, params=params
     )
@@ -101,11 +111,12 @@ def sandbox_fault_clear(
 
 
 def sandbox_fault_take(
-    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str] = ()
+    *, provider: str, kinds: Iterable[str], operation_ids: Iterable[str] = (),
+    keys: Iterable[str] = (),
 ) -> SandboxFault | None:
     """Consume one matching fault; a conditional UPDATE, so two requests never share one."""
     for fault in sandbox_faults_matching(
-        provider=provider, kinds=kinds, operation_ids=operation_ids
+        provider=provider, kinds=kinds, operation_ids=operation_ids, keys=keys
     ):
         taken = SandboxFault.objects.filter(pk=fault.pk, remaining__gt=0).update(
             remaining=F("remaining") - 1

@@ -154,6 +154,15 @@ def _message_operations(
     return _distinct([message.operation_id] if message else [])
 
 
+def _keys_named(request: HttpRequest, params: Params) -> list[str]:
+    """The idempotency keys a request carries (a write's header) or asks about (a lookup by
+    key), for the faults aimed at a key."""
+    keys = [request.headers.get("Idempotency-Key", "")]
+    if request.method == "GET" and isinstance(params.get("idempotency_key"), str):
+        keys.append(params["idempotency_key"])
+    return [key for key in keys if key]
+
+
 def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
     values = [("Idempotency-Key", request.headers.get("Idempotency-Key", ""))]
     for name, value in params.items():
@@ -219,7 +228,8 @@ def _answer(
         return problem
     kinds = WRITE_FAULTS if request.method in WRITE_METHODS else READ_FAULTS
     fault = services.sandbox_fault_take(
-        provider=provider, kinds=kinds, operation_ids=operation_ids
+        provider=provider, kinds=kinds, operation_ids=operation_ids,
+        keys=_keys_named(request, params),
     )
     kind = fault.kind if fault else ""
     # The view acts on the faults that change what it does (a declined card, 3-D Secure).

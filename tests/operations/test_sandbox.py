@@ -298,6 +298,45 @@ def test_it_refuses_a_fault_that_could_never_fire(db):
     assert SandboxFault.objects.count() == 1
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("provider", "kind"), [
+    ("crm", "search_lag"), ("mail", "search_lag"),  # only payments has a search
+    ("crm", "http_500_kept"), ("mail", "http_500_kept"),  # only payments keeps answers by key
+    ("crm", "card_declined"), ("mail", "requires_action"),  # only payments takes cards
+])
+def test_it_refuses_a_payments_fault_for_a_provider_that_cannot_carry_it_out(provider, kind):
+    # Taken, it would never fire, or fire as a plain 500: a test would pass without its
+    # failure happening.
+    with pytest.raises(ValueError, match=f"^{kind} is a payments fault: only "):
+        sandbox_fault_set(provider=provider, kind=kind)
+    with pytest.raises(CommandError, match=f"{kind} is a payments fault"):
+        call_command("sandbox_fault", provider, kind, stdout=io.StringIO())
+
+    assert not SandboxFault.objects.exists()
+    assert sandbox_fault_set(provider="payments", kind=kind).provider == "payments"
+
+
+def test_it_aims_a_fault_at_an_idempotency_key(sandbox):
+    # "Per request or per key": a key as long as the provider takes one (255).
+    op, bystander = payment(idempotency_key=f"idem-{'k' * 250}"), payment()
+    sandbox_fault_set(provider="payments", kind="http_500", match=op.idempotency_key)
+    mail = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                  "params": {}})
+    sandbox_fault_set(provider="mail", kind="http_500", match=mail.idempotency_key)
+
+    assert PAYMENTS.call(bystander).outcome is CallOutcome.SUCCEEDED
+    refused = PAYMENTS.call(op)
+    # A lookup by the key, before any send carried it, is aimed at as well.
+    asked = adapter_for("mail.send").lookup(mail)
+
+    assert (refused.outcome, refused.http_status) == (CallOutcome.UNKNOWN, 500)
+    assert (asked.outcome, asked.http_status) == (LookupOutcome.INCONCLUSIVE, 500)
+    assert PaymentIntent.objects.count() == 1 and Message.objects.count() == 0
+    assert list(sandbox_requests(idempotency_key=op.idempotency_key).values_list(
+        "method", "response_status")) == [("POST", 500)]
+    assert not SandboxFault.objects.filter(remaining__gt=0).exists()
+
+
 def test_it_clears_only_the_faults_it_is_told_to(db):
     sandbox_fault_set(provider="payments", kind="http_500")
     sandbox_fault_set(provider="payments", kind="http_500", match="op_x")
@@ -532,7 +571,7 @@ def test_it_bounces_a_queued_message_once_and_tells_the_console(sandbox, receive
         (("delay", "--seconds", "nan"), "seconds must be a duration"),
         (("delay", "--seconds", "inf"), "seconds must be a duration"),
         (("delay", "--seconds", "-5"), "seconds must be a duration"),
-        (("http_500", "--match", "x" * 121), "at most 120 characters"),
+        (("http_500", "--match", "x" * 256), "at most 255 characters"),
     ],
 )
 def test_it_refuses_a_fault_it_could_not_carry_out(args, said):

@@ -16,7 +16,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("provider", choices=Provider.values)
         parser.add_argument("kind", choices=[*FaultKind.values, "clear"])
-        parser.add_argument("--match", default="*", help='operation id, or "*" for all')
+        parser.add_argument(
+            "--match", default="*", help='an operation id or an Idempotency-Key, or "*" for all'
+        )
         parser.add_argument("--times", type=int, default=1)
         parser.add_argument("--seconds", type=float, default=None)
         parser.add_argument(

@@ -41,7 +41,10 @@ from operations.sandbox.serializers import (
 # or the key would answer 409 forever.
 IN_FLIGHT_STALE = timedelta(seconds=60)
 # Stripe forgets a key after 24 hours; after that the same key makes a new payment.
-KEY_RETENTION = timedelta(hours=24)
+PAYMENTS_KEY_RETENTION = timedelta(hours=24)
+# The mail API forgets a key after 7 days (MailSendAdapter's contract): after that the same
+# key sends a second email.
+MAIL_KEY_RETENTION = timedelta(days=7)
 
 
 class SandboxStateError(Exception):
@@ -259,7 +262,7 @@ def idempotency_claim(*, key: str, fingerprint: str) -> tuple[IdempotencyRecord,
         record = IdempotencyRecord.objects.filter(key=key).first()
         if record is None:
             continue  # the other claimant released it a moment ago: claim again
-        if record.response_status is not None and record.created_at < now - KEY_RETENTION:
+        if record.response_status is not None and record.created_at < now - PAYMENTS_KEY_RETENTION:
             IdempotencyRecord.objects.filter(pk=record.pk, created_at=record.created_at).delete()
             continue
         if (
@@ -473,11 +476,17 @@ def sandbox_message_create(
     *, to: str, template: str, params: dict[str, Any], operation_id: str,
     idempotency_key: str, fingerprint: str,
 ) -> Message:
-    """A known key returns the message it made the first time."""
+    """A known key returns the message it made the first time, for as long as the provider
+    keeps keys; past that the key is forgotten (the old message no longer answers a lookup
+    by it) and the send makes a new message."""
     if idempotency_key:
         existing = Message.objects.filter(idempotency_key=idempotency_key).first()
-        if existing is not None:
+        if existing is not None and existing.created_at >= timezone.now() - MAIL_KEY_RETENTION:
             return existing
+        if existing is not None:
+            Message.objects.filter(pk=existing.pk, idempotency_key=idempotency_key).update(
+                idempotency_key=None
+            )
     try:
         with transaction.atomic():
             message = Message.objects.create(

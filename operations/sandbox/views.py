@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
@@ -530,7 +531,11 @@ def messages(request: HttpRequest, params: Params) -> HttpResponse:
     if request.method == "GET":
         found = Message.objects.all()
         if "idempotency_key" in params:
-            found = found.filter(idempotency_key=params["idempotency_key"])
+            # A key past its retention is forgotten: it no longer finds its message either.
+            found = found.filter(
+                idempotency_key=params["idempotency_key"],
+                created_at__gte=timezone.now() - services.MAIL_KEY_RETENTION,
+            )
         return JsonResponse({"data": [serializers.message_json(m) for m in found[:100]]})
     if request.method != "POST":
         return _not_allowed(request)

@@ -244,6 +244,33 @@ def test_it_forgets_a_payment_key_after_24_hours_as_stripe_does(sandbox):
     assert IdempotencyRecord.objects.count() == 1
 
 
+def test_it_forgets_a_mail_key_after_the_7_days_the_mail_contract_declares(sandbox):
+    # The engine's safety past the key's retention rests on the contract being true: a
+    # sandbox that deduplicated forever would show a same-key send after it as harmless.
+    adapter = adapter_for("mail.send")
+    assert services.MAIL_KEY_RETENTION == adapter.contract.key_retention == timedelta(days=7)
+    op = snapshot("mail.send", {"to": "cfo@acme.test", "template": "invoice_paid",
+                                "params": {}})
+    first = adapter.call(op)
+    Message.objects.filter(pk=first.external_id).update(
+        created_at=timezone.now() - timedelta(days=6, hours=23))
+    assert adapter.call(op).external_id == first.external_id  # still kept
+    Message.objects.filter(pk=first.external_id).update(
+        created_at=timezone.now() - timedelta(days=8))
+    # Asked by the forgotten key, the provider has nothing: which proves nothing.
+    forgotten = adapter.lookup(replace(op, key_first_sent_at=timezone.now() - timedelta(days=8)))
+    assert (forgotten.outcome, forgotten.reason) == (
+        LookupOutcome.INCONCLUSIVE, "key retention window passed")
+
+    again = adapter.call(op)
+
+    assert again.outcome is CallOutcome.ACCEPTED and again.external_id != first.external_id
+    assert Message.objects.count() == 2
+    # The key now names the new message only; the old one is still there by its id.
+    assert adapter.lookup(op).external_id == again.external_id
+    assert adapter.retrieve(first.external_id).outcome is LookupOutcome.FOUND
+
+
 def test_it_refuses_overlong_values_with_400_not_500(sandbox):
     result = PAYMENTS.call(payment(idempotency_key="k" * 256))
 

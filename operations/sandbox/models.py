@@ -37,6 +37,10 @@ class Provider(models.TextChoices):
 class FaultKind(models.TextChoices):
     COMMIT_THEN_DROP = "commit_then_drop", "Commit, then answer too late"
     DELAY = "delay", "Sleep before doing anything"
+    SLOW = "slow", (
+        "Claim the Idempotency-Key, then stall before the work: a same-key request meanwhile "
+        "gets 409"
+    )
     HTTP_500 = "http_500", "Answer 500 without doing anything"
     HTTP_500_AFTER_COMMIT = "http_500_after_commit", "Commit, then answer 500"
     HTTP_500_KEPT = "http_500_kept", "Answer 500 and keep it for the key, creating nothing"

@@ -71,6 +71,7 @@ PAYMENTS_ONLY_FAULTS = {
     # The CRM takes no key; the mail API answers a known key with the message it made.
     FaultKind.HTTP_500_KEPT: "only the payments API keeps a request's answer for its key",
     FaultKind.SEARCH_LAG: "only the payments API has a search, which can lag",
+    FaultKind.SLOW: "only the payments API holds a key while its request runs",
 }
 
 

@@ -46,7 +46,7 @@ MAX_LENGTHS = {
 MAX_AMOUNT = 2**63 - 1
 READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
-    FaultKind.DELAY, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
+    FaultKind.DELAY, FaultKind.SLOW, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
     FaultKind.COMMIT_THEN_DROP, FaultKind.HTTP_500_AFTER_COMMIT, FaultKind.HTTP_500_KEPT,
     FaultKind.CARD_DECLINED, FaultKind.REQUIRES_ACTION,
 )
@@ -233,8 +233,10 @@ def _answer(
         keys=_keys_named(request, params),
     )
     kind = fault.kind if fault else ""
-    # The view acts on the faults that change what it does (a declined card, 3-D Secure).
+    # The view acts on the faults that change what it does (a declined card, 3-D Secure, a
+    # stall once the key is claimed).
     request.sandbox_fault = kind
+    request.sandbox_fault_seconds = services.fault_seconds(fault) if fault else 0.0
     # Only the payments API keeps answers by key (Stripe's idempotency layer).
     key = request.headers.get("Idempotency-Key", "") if provider == Provider.PAYMENTS else ""
     if kind == FaultKind.DELAY:
@@ -377,6 +379,10 @@ def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
     if problem:
         services.idempotency_release(record=record)
         return problem
+    if request.sandbox_fault == FaultKind.SLOW:
+        # Unlike `delay`, the key is claimed first: Stripe answers a same-key request that
+        # arrives meanwhile with 409 idempotency_key_in_use.
+        _stall(request.sandbox_fault_seconds)
     try:
         return _payment_made(request, fields, claim=record)
     except Exception:

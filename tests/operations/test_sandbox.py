@@ -37,6 +37,7 @@ from operations.sandbox.services import (
     sandbox_payment_settle,
     sandbox_webhooks_deliver,
 )
+from tests.helpers import Background, wait_for
 from tests.operations.providers_support import payment, snapshot
 
 PAYMENTS = adapter_for("payments.create")
@@ -110,6 +111,41 @@ def test_it_answers_409_while_the_same_key_is_in_flight(sandbox):
         CallOutcome.UNKNOWN, "concurrent_request", 409
     )
     assert PaymentIntent.objects.count() == 0
+
+
+def test_it_answers_409_to_a_same_key_request_while_a_slow_one_holds_the_key(
+    sandbox, settings
+):
+    # Stripe's in-flight answer, end to end: `delay` stalls before the key is claimed (a
+    # retry meanwhile runs), `slow` after, so the request the retry meets holds the key.
+    settings.PROVIDER_TIMEOUT_SECONDS = 5
+    op = payment()
+    sandbox_fault_set(provider="payments", kind="slow", match=op.id, seconds=1.5)
+
+    first = Background(lambda: PAYMENTS.call(op))
+    wait_for(lambda: IdempotencyRecord.objects.filter(key=op.idempotency_key).exists(),
+             what="the first request to claim its key")
+    second = PAYMENTS.call(op)
+    made = first.join()
+    third = PAYMENTS.call(op)
+
+    assert (made.outcome, made.http_status) == (CallOutcome.SUCCEEDED, 200)
+    assert (second.outcome, second.error_class, second.http_status) == (
+        CallOutcome.UNKNOWN, "concurrent_request", 409)
+    assert (third.external_id, third.http_status) == (made.external_id, 200)
+    assert PaymentIntent.objects.count() == 1 and IdempotencyRecord.objects.count() == 1
+    assert list(sandbox_requests(idempotency_key=op.idempotency_key).values_list(
+        "response_status", flat=True)) == [200, 409, 200]
+
+
+def test_it_describes_every_fault_kind_to_the_operator(db, monkeypatch):
+    from operations.sandbox.management.commands.sandbox_fault import Command
+
+    monkeypatch.setenv("COLUMNS", "10000")  # one line each: nothing wrapped mid-word
+    described = Command().create_parser("manage.py", "sandbox_fault").format_help()
+
+    for kind, label in SandboxFault.kind.field.choices:
+        assert f"{kind}: {label}" in described
 
 
 def test_it_takes_each_fault_once_and_only_for_its_operation(sandbox):
@@ -328,6 +364,7 @@ def test_it_refuses_a_fault_that_could_never_fire(db):
 @pytest.mark.django_db
 @pytest.mark.parametrize(("provider", "kind"), [
     ("crm", "search_lag"), ("mail", "search_lag"),  # only payments has a search
+    ("crm", "slow"), ("mail", "slow"),  # only payments holds a key while a request runs
     ("crm", "http_500_kept"), ("mail", "http_500_kept"),  # only payments keeps answers by key
     ("crm", "card_declined"), ("mail", "requires_action"),  # only payments takes cards
 ])

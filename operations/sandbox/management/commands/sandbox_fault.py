@@ -15,7 +15,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("provider", choices=Provider.values)
-        parser.add_argument("kind", choices=[*FaultKind.values, "clear"])
+        parser.add_argument(
+            "kind", choices=[*FaultKind.values, "clear"], metavar="KIND",
+            help="; ".join([*(f"{kind}: {label}" for kind, label in FaultKind.choices),
+                            "clear: remove the provider's faults"]),
+        )
         parser.add_argument(
             "--match", default="*", help='an operation id or an Idempotency-Key, or "*" for all'
         )

@@ -16,9 +16,9 @@ import pytest
 from django.utils import timezone
 
 from operations import engine
-from operations.models import Operation, OperationStatus
+from operations.models import AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import Deal, PaymentIntent
-from operations.sandbox.selectors import sandbox_counts
+from operations.sandbox.selectors import sandbox_counts, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.operations.engine_helpers import async_payment, authorized_payment, died_mid_call
 from tests.operations.failure_helpers import executed_into_a_fault, payment_posts
@@ -55,6 +55,33 @@ def test_it_fails_a_declined_payment_once_and_keeps_the_intent_stripe_made(
     assert report.outcome == "nothing_to_do"
     assert op.provider_calls == 1 and len(payment_posts(op)) == 1
     assert op.attempts.get().http_status == 402
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_fails_a_deal_update_on_a_version_conflict_for_a_person_and_never_retries_it(
+    acme, approver, providers
+):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    op = engine.operation_prepare(tenant=acme, action="crm.update_deal", payload={
+        "target": deal.id, "expected_version": 1, "patch": {"stage": "won"}})
+    engine.operation_authorize(
+        operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    # Someone changed the deal since the agent read it.
+    Deal.objects.filter(pk=deal.pk).update(version=2, stage="lost")
+
+    engine.operation_execute(operation_id=op.id)
+    again = engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    deal.refresh_from_db()
+    assert (op.status, op.error_code) == (S.FAILED, "version_conflict")
+    assert again.outcome == "nothing_to_do"
+    # What a person decides on: the deal as it is now, never a retry with fresh data.
+    assert op.result["current_version"] == 2 and op.result["current"]["stage"] == "lost"
+    assert (deal.version, deal.stage, deal.applied_operation_ids) == (2, "lost", [])
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 1
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
 
 
 @pytest.mark.django_db(transaction=True)

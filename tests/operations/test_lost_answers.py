@@ -17,14 +17,18 @@ from django.utils import timezone
 
 from operations import engine
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
-from operations.sandbox.models import Deal, IdempotencyRecord, PaymentIntent
+from operations.sandbox.models import Deal, IdempotencyRecord, Message, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
-from tests.helpers import updated_past_triggers
+from tests.helpers import updated_past_triggers, wait_for
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
 
 S = OperationStatus
+DEAL = {"name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"}
+MAIL = {"to": "cfo@acme.test", "template": "receipt", "params": {"invoice": "inv_42"}}
+# Each way a CRM or mail call's answer goes missing or wrong, stalls cut short at 2.5 s.
+LOST_ANSWERS = ["commit_then_drop", "delay", "http_500_after_commit", "http_500"]
 
 
 def assert_left_to_a_person(op: Operation, report, *, detail: str, summary: str) -> None:
@@ -294,6 +298,26 @@ def test_it_leaves_a_key_reused_with_other_parameters_to_a_person(acme, approver
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_mail_key_reused_with_other_parameters_to_a_person(acme, providers):
+    from dataclasses import replace
+
+    from operations.engine.core import adapter, snapshot
+
+    op = engine.operation_prepare(tenant=acme, action="mail.send", payload=MAIL)
+    # Something already sent under this operation's key to another recipient.
+    adapter(op.action).call(replace(snapshot(op), payload={**MAIL, "to": "ceo@acme.test"}))
+
+    engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (op.status, op.error_code, op.next_reconcile_at) == (
+        S.UNKNOWN, "idempotency_error", None)
+    assert not op.attempts.filter(kind=AttemptKind.LOOKUP).exists()
+    assert Message.objects.count() == 1  # no second email
+    assert len(sandbox_writes(provider="mail", operation_id=op.id)) == 2
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_changes_a_deal_again_at_its_expected_version_once_absence_is_proven(
     acme, approver, providers
 ):
@@ -399,3 +423,80 @@ def test_it_never_settles_an_operation_with_a_call_answer_for_another_sum(
     assert (op.status, op.external_id) == (S.UNKNOWN, "")
     assert payment_posts(op).count() == 1
     assert PaymentIntent.objects.count() == 1
+
+
+def _all_answered(provider: str, op: Operation) -> bool:
+    return all(w.response_status for w in sandbox_writes(provider=provider, operation_id=op.id))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", LOST_ANSWERS)
+def test_it_makes_one_deal_for_a_create_whatever_becomes_of_its_answer(
+    acme, providers_drained, kind
+):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload=DEAL)
+    sandbox_fault_set(provider="crm", kind=kind, match=op.id, seconds=2.5)
+
+    engine.operation_execute(operation_id=op.id)
+    assert engine.operation_execute(operation_id=op.id).status == S.SUCCEEDED
+    wait_for(lambda: _all_answered("crm", op), what="every POST to end")
+
+    op.refresh_from_db()
+    deal = Deal.objects.get()
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id
+    assert deal.agent_operation_id == op.id
+    # A second POST only where a lookup proved absence first (the 5xx before any write, or
+    # the stalled one), and the CRM refused the late duplicate.
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == (
+        2 if kind in ("delay", "http_500") else 1)
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", LOST_ANSWERS)
+def test_it_applies_a_deal_update_once_whatever_becomes_of_its_answer(
+    acme, approver, providers_drained, kind
+):
+    deal = Deal.objects.create(name="Acme", amount_minor=100, currency="EUR", owner="dana")
+    op = engine.operation_prepare(tenant=acme, action="crm.update_deal", payload={
+        "target": deal.id, "expected_version": 1, "patch": {"stage": "won"}})
+    engine.operation_authorize(
+        operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    sandbox_fault_set(provider="crm", kind=kind, match=op.id, seconds=2.5)
+
+    engine.operation_execute(operation_id=op.id)
+    engine.operation_execute(operation_id=op.id)
+    wait_for(lambda: _all_answered("crm", op), what="every PATCH to end")
+    engine.operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    deal.refresh_from_db()
+    assert op.status == S.SUCCEEDED and op.external_id == deal.id
+    assert (deal.version, deal.stage, deal.applied_operation_ids) == (2, "won", [op.id])
+    assert op.payload["expected_version"] == 1  # never retried with fresh data
+    # A second PATCH only after a lookup proved the first had not applied (the 5xx, or the
+    # stalled one, which the CRM then refused as a conflict).
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == (
+        2 if kind in ("delay", "http_500") else 1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", LOST_ANSWERS)
+def test_it_sends_one_email_with_one_key_whatever_becomes_of_its_answer(
+    acme, providers_drained, kind
+):
+    op = engine.operation_prepare(tenant=acme, action="mail.send", payload=MAIL)
+    sandbox_fault_set(provider="mail", kind=kind, match=op.id, seconds=2.5)
+
+    engine.operation_execute(operation_id=op.id)
+    assert engine.operation_execute(operation_id=op.id).status == S.ACCEPTED
+    wait_for(lambda: _all_answered("mail", op), what="every POST to end")
+
+    op.refresh_from_db()
+    message = Message.objects.get()
+    assert op.external_id == message.id and message.operation_id == op.id
+    writes = list(sandbox_writes(provider="mail", operation_id=op.id))
+    assert len(writes) == (2 if kind in ("delay", "http_500") else 1)
+    assert {w.idempotency_key for w in writes} == {op.idempotency_key}
+    assert len({w.params_hash for w in writes}) == 1

@@ -28,7 +28,7 @@ from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action
 from operations.selectors import (
-    command_effects_in_ancestor_runs,
+    command_effects_in_runs,
     operation_lineage,
     run_ancestors,
     tenant_perm_held,
@@ -51,14 +51,15 @@ def _card(approval: Approval, *, user, unmasked: bool, can_decide: bool) -> dict
             old_policy=old.policy_version, new_policy=op.policy_version, unmasked=unmasked,
         )
     run = lineage.run
-    derived = run is not None and run.parent_run_id is not None
+    # Walked once: the card names the nearest and looks for the command in all of them.
+    ancestors = run_ancestors(run) if run is not None and run.parent_run_id else []
     return {
         "approval": approval,
         "op": op,
         # A replay's or a branch's intent: the approver sees which run it repeats, and
         # whether that run already made this command's effect (its new key dedups nothing).
-        "derived_from": (run_ancestors(run) or [""])[0] if derived else "",
-        "earlier_effects": command_effects_in_ancestor_runs(op) if derived else [],
+        "derived_from": ancestors[0] if ancestors else "",
+        "earlier_effects": command_effects_in_runs(op, run_ids=ancestors),
         "action_label": Action(op.action).label if op.action in Action.values else op.action,
         "summary": summary,
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),

@@ -33,7 +33,7 @@ from operations.selectors.queues import (
     webhooks_for_review_for_user,
     webhooks_held_for_review,
 )
-from operations.selectors.runs import command_effects_in_ancestor_runs, run_ancestors
+from operations.selectors.runs import command_effects_in_runs, run_ancestors
 
 __all__ = [
     "METRICS_WINDOW",
@@ -45,7 +45,7 @@ __all__ = [
     "answers_held_for_review",
     "audit_action_names",
     "audit_events_for_user",
-    "command_effects_in_ancestor_runs",
+    "command_effects_in_runs",
     "dashboard_metrics",
     "keyset_page",
     "operation_for_user",

@@ -25,17 +25,17 @@ def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
     return chain
 
 
-def command_effects_in_ancestor_runs(op: Operation) -> list[Operation]:
-    """The same command's operations, in the runs this operation's run was replayed or
-    branched from, that made (or may have made) their effect. A replay prepares its nodes'
-    commands again under new keys, which the provider dedups nothing against: approving one
-    of those makes the effect a second time. Nearest run first."""
-    if not op.run_id or not op.command_id or op.run.parent_run_id is None:
+def command_effects_in_runs(op: Operation, *, run_ids: list[str]) -> list[Operation]:
+    """The same command's operations in `run_ids` (the runs this operation's run was
+    replayed or branched from, nearest first: `run_ancestors`) that made, or may have made,
+    their effect. A replay prepares its nodes' commands again under new keys, which the
+    provider dedups nothing against: approving one of those makes the effect a second time.
+    In the order of `run_ids`."""
+    if not op.command_id or not run_ids:
         return []
-    ancestors = run_ancestors(op.run)
     found = Operation.objects.filter(
-        tenant_id=op.tenant_id, run_id__in=ancestors, command_id=op.command_id,
+        tenant_id=op.tenant_id, run_id__in=run_ids, command_id=op.command_id,
         status__in=_MAY_HAVE_HAD_EFFECT,
-    ).select_related("run")
-    nearness = {run_id: n for n, run_id in enumerate(ancestors)}
+    )
+    nearness = {run_id: n for n, run_id in enumerate(run_ids)}
     return sorted(found, key=lambda earlier: (nearness[earlier.run_id], earlier.id))

@@ -32,8 +32,18 @@ from operations.sandbox.models import (
     Provider,
     request_id,
 )
+from operations.sandbox.targeting import (
+    SEARCH_CLAUSE,
+    OperationsOf,
+    Params,
+    deal_operations,
+    keys_named,
+    message_operations,
+    messages_operations,
+    operations_named,
+    payment_operations,
+)
 
-SEARCH_CLAUSE = re.compile(r"^\s*metadata\['([A-Za-z0-9_]+)'\]\s*:\s*'([^']*)'\s*$")
 METADATA_PARAM = re.compile(r"^metadata\[([A-Za-z0-9_]+)\]$")
 CURRENCY = re.compile(r"^[A-Za-z]{3}$")
 WRITE_METHODS = frozenset({"POST", "PATCH"})
@@ -51,7 +61,6 @@ WRITE_FAULTS = (
     FaultKind.CARD_DECLINED, FaultKind.REQUIRES_ACTION,
 )
 
-Params = dict[str, Any]
 View = Callable[..., HttpResponse]
 
 
@@ -84,84 +93,6 @@ def _params(request: HttpRequest) -> Params | None:
             return None
         return params if isinstance(params, dict) else None
     return dict(request.POST.items())
-
-
-def _operation_id(params: Params) -> str:
-    for name in ("metadata[operation_id]", "agent_operation_id", "operation_id"):
-        value = params.get(name)
-        if isinstance(value, str) and value:
-            return value
-    match = SEARCH_CLAUSE.match(str(params.get("query", "")))
-    if match and match.group(1) == "operation_id":
-        return match.group(2)
-    return ""
-
-
-# Which operations a request is about, for the faults aimed at them and for the log: the
-# operation a write or a search names; for a read by the provider's id or by key, the ones
-# the object names, and those whose writes reached it, since a read names no operation.
-OperationsOf = Callable[[HttpRequest, Params, dict[str, Any]], list[str]]
-
-
-def _operations_named(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> list[str]:
-    operation_id = _operation_id(params)
-    return [operation_id] if operation_id else []
-
-
-def _distinct(ids: list[Any]) -> list[str]:
-    return list(dict.fromkeys(str(op_id) for op_id in ids if op_id))
-
-
-def _payment_operations(
-    request: HttpRequest, params: Params, kwargs: dict[str, Any]
-) -> list[str]:
-    intent = PaymentIntent.objects.filter(pk=kwargs["intent_id"]).first()
-    return _distinct([intent.metadata.get("operation_id")] if intent else [])
-
-
-def _deal_operations(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> list[str]:
-    if request.method != "GET":
-        return _operations_named(request, params, kwargs)
-    # A lookup of an update reads the deal, which names the update only once it applied
-    # (not after a 500 that applied nothing): the PATCHes sent to it name the rest. The
-    # newest writer first, the one most likely asking.
-    deal = Deal.objects.filter(pk=kwargs["deal_id"]).first()
-    applied = [*reversed(deal.applied_operation_ids), deal.agent_operation_id] if deal else []
-    return _distinct([
-        *selectors.sandbox_operations_written(provider=Provider.CRM, path=request.path),
-        *applied,
-    ])
-
-
-def _messages_operations(
-    request: HttpRequest, params: Params, kwargs: dict[str, Any]
-) -> list[str]:
-    key = params.get("idempotency_key")
-    if request.method != "GET" or not isinstance(key, str) or not key:
-        return _operations_named(request, params, kwargs)
-    # The message the key made, or, when none was made (a 500 before it), the sends that
-    # carried the key.
-    message = Message.objects.filter(idempotency_key=key).first()
-    return _distinct([
-        message.operation_id if message else "",
-        *selectors.sandbox_operations_written(provider=Provider.MAIL, idempotency_key=key),
-    ])
-
-
-def _message_operations(
-    request: HttpRequest, params: Params, kwargs: dict[str, Any]
-) -> list[str]:
-    message = Message.objects.filter(pk=kwargs["message_id"]).first()
-    return _distinct([message.operation_id] if message else [])
-
-
-def _keys_named(request: HttpRequest, params: Params) -> list[str]:
-    """The idempotency keys a request carries (a write's header) or asks about (a lookup by
-    key), for the faults aimed at a key."""
-    keys = [request.headers.get("Idempotency-Key", "")]
-    if request.method == "GET" and isinstance(params.get("idempotency_key"), str):
-        keys.append(params["idempotency_key"])
-    return [key for key in keys if key]
 
 
 def _too_long(request: HttpRequest, params: Params) -> JsonResponse | None:
@@ -230,7 +161,7 @@ def _answer(
     kinds = WRITE_FAULTS if request.method in WRITE_METHODS else READ_FAULTS
     fault = services.sandbox_fault_take(
         provider=provider, kinds=kinds, operation_ids=operation_ids,
-        keys=_keys_named(request, params),
+        keys=keys_named(request, params),
     )
     kind = fault.kind if fault else ""
     # The view acts on the faults that change what it does (a declined card, 3-D Secure, a
@@ -271,7 +202,7 @@ def _answer(
 
 
 def endpoint(
-    provider: str, *, operations_of: OperationsOf = _operations_named
+    provider: str, *, operations_of: OperationsOf = operations_named
 ) -> Callable[[View], View]:
     def decorate(view: View) -> View:
         @functools.wraps(view)
@@ -413,7 +344,7 @@ def payment_intents_search(request: HttpRequest, params: Params) -> HttpResponse
     })
 
 
-@endpoint(Provider.PAYMENTS, operations_of=_payment_operations)
+@endpoint(Provider.PAYMENTS, operations_of=payment_operations)
 def payment_intent(request: HttpRequest, params: Params, intent_id: str) -> HttpResponse:
     if request.method != "GET":
         return _not_allowed(request)
@@ -490,7 +421,7 @@ def deals(request: HttpRequest, params: Params) -> HttpResponse:
     return JsonResponse(serializers.deal_json(created), status=201)
 
 
-@endpoint(Provider.CRM, operations_of=_deal_operations)
+@endpoint(Provider.CRM, operations_of=deal_operations)
 def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
     current = Deal.objects.filter(pk=deal_id).first()
     if current is None:
@@ -532,7 +463,7 @@ def deal(request: HttpRequest, params: Params, deal_id: str) -> HttpResponse:
 # --- mail ---------------------------------------------------------------------------------
 
 
-@endpoint(Provider.MAIL, operations_of=_messages_operations)
+@endpoint(Provider.MAIL, operations_of=messages_operations)
 def messages(request: HttpRequest, params: Params) -> HttpResponse:
     if request.method == "GET":
         found = Message.objects.all()
@@ -568,7 +499,7 @@ def messages(request: HttpRequest, params: Params) -> HttpResponse:
     return JsonResponse(serializers.message_json(message), status=202)
 
 
-@endpoint(Provider.MAIL, operations_of=_message_operations)
+@endpoint(Provider.MAIL, operations_of=message_operations)
 def message(request: HttpRequest, params: Params, message_id: str) -> HttpResponse:
     if request.method != "GET":
         return _not_allowed(request)

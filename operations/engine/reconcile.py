@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
@@ -14,13 +12,9 @@ from django.utils import timezone
 
 from operations.engine import core
 from operations.engine.core import (
-    LOOKUP_STATUS,
     S,
-    accepted_recheck_at,
     lease_expired,
     lookup_against_intent,
-    lookup_attempt_fields,
-    lookup_data,
     lookup_guarded,
     lookup_in_calls_account,
     next_attempt_number,
@@ -29,37 +23,16 @@ from operations.engine.core import (
     require_perm,
     snapshot,
     transition,
-    unanswered_call_lands_by,
     worker_name,
 )
-from operations.engine.prepare import call_problem
-from operations.engine.webhooks import provider_report_held, webhook_events_decide_kept
+from operations.engine.findings import ReconcileReport, lookup_record
 from operations.models import (
     Attempt,
     AttemptKind,
-    AttemptOutcome,
-    Evidence,
     EvidenceKind,
     Operation,
 )
-from operations.providers.base import (
-    EffectClass,
-    LookupOutcome,
-    LookupResult,
-    OperationSnapshot,
-    ProviderAdapter,
-)
-from operations.providers.transport import REPLAYED_5XX
 from operations.services import audit_event_record
-
-
-@dataclass(frozen=True)
-class ReconcileReport:
-    operation_id: str
-    outcome: str  # found / absent / inconclusive / stale / nothing_to_do
-    status: str
-    detail: str = ""
-    may_call_again: bool = False
 
 
 def _expire_lease(op: Operation) -> None:
@@ -145,7 +118,7 @@ def operation_reconcile(
             account=attempt_account,
         ),
     )
-    report = _record_lookup(
+    report = lookup_record(
         op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
     )
     if asked_by_person:
@@ -162,376 +135,6 @@ def operation_reconcile(
             after={"status": report.status, "lookup": found.outcome, "detail": found.reason},
         )
     return report
-
-
-def _newest_call(op: Operation) -> dict[str, Any] | None:
-    """How the newest call ended: what a proven absence still turns on."""
-    return (
-        op.attempts.filter(kind=AttemptKind.CALL)
-        .order_by("-number")
-        .values("outcome", "external_id", "error_class", "error_message")
-        .first()
-    )
-
-
-def _key_answers_a_kept_error(newest: dict[str, Any] | None) -> bool:
-    """Whether the newest call got back a 5xx the provider kept for the key (Stripe keeps
-    the answer of a request that began to run, and replays it for as long as it keeps the
-    key): calling again with the same key would only fetch it once more."""
-    return newest is not None and newest["error_class"] == REPLAYED_5XX
-
-
-def _refusal(newest: dict[str, Any] | None) -> dict[str, str] | None:
-    """The newest call's refusal (a 4xx that named no object at the provider), if that is
-    how it ended: what the operation is closed with once no earlier call can land."""
-    if (
-        newest is None
-        or newest["outcome"] != AttemptOutcome.FAILED
-        or newest["external_id"]
-        or newest["error_class"] == "version_conflict"
-    ):
-        return None
-    return {"error_class": newest["error_class"], "error_message": newest["error_message"]}
-
-
-def _record_lookup(
-    op: Operation,
-    op_snapshot: OperationSnapshot,
-    attempt: Attempt,
-    found: LookupResult,
-    *,
-    adapter: ProviderAdapter,
-    actor: AbstractUser | None,
-    calls_before: int,
-) -> ReconcileReport:
-    now = timezone.now()
-    Attempt.objects.filter(id=attempt.id).update(**lookup_attempt_fields(found, finished_at=now))
-    data = lookup_data(found, attempt=attempt.number)
-    contract = adapter.contract
-    op.refresh_from_db()
-    found_at = (
-        LOOKUP_STATUS[found.status]
-        if found.outcome == LookupOutcome.FOUND and found.status in LOOKUP_STATUS else None
-    )
-    if not outcome_open(op):
-        if found_at is not None and _second_effect_found(op, found, to=found_at):
-            # An event settled it with another object meanwhile: this one moved money too.
-            return _another_object_found(op, attempt, found, to=found_at, data=data,
-                                         actor=actor)
-        return ReconcileReport(op.id, "nothing_to_do", op.status, "settled meanwhile")
-
-    if found_at is not None:
-        to = found_at
-        if _another_object_recorded(op, found):
-            return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
-        if to == S.ACCEPTED and found.waits_on:
-            return _left_waiting_on_someone_else(
-                op, attempt, found, data=data, actor=actor, calls_before=calls_before
-            )
-        if to == op.status:
-            # Still pending at the provider: look again after the usual wait, not at every
-            # sweep (a due time left in the past would ask the provider every few seconds).
-            _lookup_noted(
-                op, calls_before=calls_before,
-                summary=f"provider still reports {found.status} for {found.external_id}",
-                data=data, actor=actor,
-                next_reconcile_at=accepted_recheck_at(now),  # only accepted stays put
-            )
-            return ReconcileReport(op.id, "found", op.status, "unchanged")
-        fields: dict[str, Any] = {
-            "external_id": found.external_id or op.external_id,
-            "result": found.result or None,
-        }
-        if to == S.FAILED:
-            fields.update(error_code="provider_failed", error_message=found.reason)
-        won = _transition_deciding_kept(
-            op,
-            to=to,
-            sources={op.status},
-            # A provider event may record its object while this lookup is on its way.
-            extra=_no_other_object(found),
-            evidence_kind=EvidenceKind.LOOKUP,
-            summary=f"provider lookup ({found.method}) found {found.external_id}: {found.status}",
-            data=data,
-            fields=fields,
-            actor=actor,
-        )
-        op.refresh_from_db()
-        if not won and (
-            _second_effect_found(op, found, to=to)
-            or (outcome_open(op) and _another_object_recorded(op, found))
-        ):
-            return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
-        return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
-
-    if found.outcome == LookupOutcome.ABSENT and op.status == S.UNKNOWN:
-        code, problem = call_problem(op)
-        newest = _newest_call(op)
-        refusal = _refusal(newest)
-        # Absent so far is not absent while an earlier call may still reach the provider.
-        # Calling again waits only for calls that never got an answer (the provider dedups
-        # a repeat); closing (as never done, or as refused), when no call may follow,
-        # waits out the calls the client gave up on too.
-        closing = bool(problem or refusal)
-        lands_by = unanswered_call_lands_by(
-            op, late_landing=contract.late_landing if closing else None
-        )
-        if lands_by is not None and closing:
-            # And a call that lands at the end of that window shows in the provider's search
-            # only its lag later (the adapter measures the lag from the call, not from
-            # then); closing is for good, so the lag as long as it gets in an outage.
-            lands_by += contract.search_lag_closing
-        # Compared with when the lookup was sent, not when its answer came back: an empty
-        # answer says nothing about what landed while it was on its way.
-        if lands_by is not None and lands_by > attempt.started_at:
-            _lookup_noted(
-                op, calls_before=calls_before,
-                summary="absent so far, but an earlier call may still land (or not show in "
-                f"the provider's search yet) until {lands_by:%H:%M:%S}; next check then",
-                data=data, actor=actor,
-                next_reconcile_at=lands_by,
-            )
-            return ReconcileReport(op.id, "inconclusive", op.status, "a call may still land")
-        if refusal is not None or problem:
-            if refusal is not None:
-                # The newest call was refused, and no earlier one landed: the refusal stands.
-                to, detail = S.FAILED, "refused"
-                why = ("the provider refused the intent: "
-                       f"{refusal['error_message'] or refusal['error_class']}")
-                fields = {"error_code": refusal["error_class"] or "rejected",
-                          "error_message": refusal["error_message"]}
-            else:
-                to, detail, why = S.CANCELLED, problem, f"not called again: {problem}"
-                fields = {"error_code": code, "error_message": problem}
-            # An object the provider reported while a call was in flight is one this lookup
-            # did not see: held with the closing.
-            _transition_deciding_kept(
-                op,
-                to=to,
-                sources={S.UNKNOWN},
-                extra=Q(provider_calls=calls_before),
-                evidence_kind=EvidenceKind.LOOKUP,
-                summary=f"provider lookup ({found.method}) proved no effect exists after "
-                f"every call could have landed; {why}",
-                data=data,
-                fields=fields,
-                actor=actor,
-            )
-            op.refresh_from_db()
-            return ReconcileReport(op.id, "absent", op.status, detail)
-
-        # Absence proven by an authoritative lookup makes a new call safe where the provider
-        # dedups by key, or where a natural key / expected version turns a duplicate into a
-        # refusal instead of a second effect.
-        may_call = contract.same_key_retry_safe or contract.effect_class in (
-            EffectClass.CREATE_WITH_NATURAL_KEY,
-            EffectClass.VERSIONED_UPDATE,
-        )
-        if may_call and _key_answers_a_kept_error(newest):
-            _lookup_noted(
-                op, calls_before=calls_before,
-                summary="proven absent, but the provider answers this operation's idempotency "
-                "key with the 5xx it kept for it: a call with the key cannot succeed, and "
-                "only a new intent has a new key; a person decides", data=data, actor=actor,
-                next_reconcile_at=None,
-            )
-            return ReconcileReport(op.id, "absent", op.status, "the key answers a kept error")
-        max_calls = settings.OPERATION_MAX_AUTOMATIC_CALLS
-        if may_call and op.provider_calls >= max_calls:
-            # A provider that fails the same request every time (a 5xx it always gives)
-            # would otherwise be called every few seconds until the approval runs out.
-            _lookup_noted(
-                op, calls_before=calls_before,
-                summary=f"proven absent after {op.provider_calls} calls; no more automatic "
-                "calls, a person decides", data=data, actor=actor, next_reconcile_at=None,
-            )
-            return ReconcileReport(op.id, "absent", op.status, "call limit reached")
-        if may_call:
-            # An object the provider reported while a call was in flight is one this lookup
-            # did not see: held with the absence, so the next call's claim refuses (a person
-            # looks before a second payment).
-            won = _transition_deciding_kept(
-                op,
-                to=S.NOT_STARTED,
-                sources={S.UNKNOWN},
-                # Stale if a call was claimed since the lookup began: that call's own answer
-                # (or the next lookup) decides, never this older absence.
-                extra=Q(provider_calls=calls_before),
-                evidence_kind=EvidenceKind.LOOKUP,
-                summary=f"provider lookup ({found.method}) proved no effect exists; "
-                "may call again with the same key",
-                data=data,
-                fields={"error_code": "", "error_message": ""},
-                actor=actor,
-            )
-            op.refresh_from_db()
-            if not won and not (
-                op.status == S.NOT_STARTED and op.provider_calls == calls_before
-            ):
-                return ReconcileReport(
-                    op.id, "stale", op.status, "a call was made after this lookup began"
-                )
-            # Won, or a concurrent reconcile proved the same absence first: either way the
-            # call may go again, and the execute's claim lets only one of us make it.
-            return ReconcileReport(op.id, "absent", op.status, "proven absent", may_call_again=True)
-        _lookup_noted(
-            op, calls_before=calls_before,
-            summary="proven absent, but the provider's contract does not make a new call "
-            "safe; a person decides", data=data, actor=actor, next_reconcile_at=None,
-        )
-        return ReconcileReport(op.id, "absent", op.status, "a person decides")
-
-    # Inconclusive (or absent while accepted): stay where we are, with everything found.
-    retry_at = now + found.retry_after if found.retry_after else None
-    if op.status == S.ACCEPTED and retry_at is None:
-        # The provider can no longer tell us (a key past its retention, say): it is a
-        # person's now, in the operators' queue, not an accepted row nobody looks at.
-        transition(
-            op, to=S.UNKNOWN, sources={S.ACCEPTED},
-            extra=Q(provider_calls=calls_before) & _no_other_object(found),
-            evidence_kind=EvidenceKind.LOOKUP,
-            summary="the final answer can no longer be looked up "
-            f"({found.reason or found.outcome}); a person decides",
-            data=data, fields={"next_reconcile_at": None}, actor=actor,
-        )
-        op.refresh_from_db()
-        return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
-    if op.status != S.ACCEPTED and contract.key_retention is not None and retry_at is not None:
-        # (An accepted effect's failed lookup is tried again, key or not.)
-        # The snapshot taken before the lookup: a lookup is not a call, so its calls stand.
-        # Aged from the key's first use, as the provider ages it: later calls with the same
-        # key do not extend it.
-        first_sent = op_snapshot.key_first_sent_at
-        if first_sent is not None and retry_at - first_sent > contract.key_retention:
-            retry_at = None  # past the key's retention a retry proves nothing: a person
-    _lookup_noted(
-        op, calls_before=calls_before,
-        summary=f"lookup inconclusive: {found.reason or found.outcome}"
-        + (f"; next check {retry_at:%H:%M:%S}" if retry_at else "; waiting for a person"),
-        data=data, actor=actor, next_reconcile_at=retry_at,
-    )
-    return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
-
-
-def _no_other_object(found: LookupResult) -> Q:
-    """The operation records no object, or the one the lookup found."""
-    return Q(external_id__in=["", found.external_id]) if found.external_id else Q()
-
-
-def _another_object_recorded(op: Operation, found: LookupResult) -> bool:
-    return bool(found.external_id and op.external_id and op.external_id != found.external_id)
-
-
-def _second_effect_found(op: Operation, found: LookupResult, *, to: str) -> bool:
-    """Another object than the recorded one, that moved money or is moving it: a second
-    effect of one intent, whatever the operation's status now."""
-    return _another_object_recorded(op, found) and to in (S.SUCCEEDED, S.ACCEPTED)
-
-
-def _another_object_found(
-    op: Operation, attempt: Attempt, found: LookupResult, *, to: str, data: dict[str, Any],
-    actor: AbstractUser | None,
-) -> ReconcileReport:
-    """The lookup (a search, which began before the operation knew its object) found another
-    object than the one a provider event recorded meanwhile. Never put in its place: if the
-    found one moved money too, one intent has two effects, held for a person as the same
-    report by webhook is, so nothing calls again or replaces the intent until they decide;
-    if not, the recorded object is what the next lookup follows, by its id."""
-    with transaction.atomic():
-        locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
-        why = provider_report_held(locked, external_id=found.external_id, target=to, mismatch="")
-        seen = (
-            f"provider lookup ({found.method}) found {found.external_id}: {found.status}, "
-            f"not {locked.external_id}, which the operation records"
-        )
-        if why:
-            Attempt.objects.filter(id=attempt.id).update(needs_review=True, review_note=why[:500])
-            summary = f"{seen}; held for review: {why}"
-        else:
-            summary = f"{seen}; the next lookup follows {locked.external_id}"
-        Evidence.objects.create(
-            operation=locked, kind=EvidenceKind.LOOKUP, from_status=locked.status,
-            to_status=locked.status, summary=summary, data=data, actor=actor,
-        )
-    op.refresh_from_db()
-    return ReconcileReport(
-        op.id, "found", op.status, f"found {found.external_id}, not the recorded {op.external_id}"
-    )
-
-
-def _transition_deciding_kept(op: Operation, **transition_args: Any) -> bool:
-    """A lookup's transition, with the events kept while a call was in flight decided in its
-    transaction (`webhook_events_decide_kept`): an agent that sees the outcome sees them held
-    with it (a closed intent may be replaced, an absent one called again)."""
-    with transaction.atomic():
-        won = transition(op, **transition_args)
-        if won:
-            webhook_events_decide_kept(op_id=op.id)
-    return won
-
-
-def _left_waiting_on_someone_else(
-    op: Operation, attempt: Attempt, found: LookupResult, *, data: dict[str, Any],
-    actor: AbstractUser | None, calls_before: int,
-) -> ReconcileReport:
-    """Taken by the provider, and pending on someone the console cannot reach (a customer's
-    3-D Secure): no lookup will settle it, so it goes to the operators' queue (an unknown one
-    stays there) with the provider's id, where a webhook may still settle it."""
-    summary = (
-        f"provider lookup ({found.method}) found {found.external_id}, still pending: "
-        f"{found.waits_on}; a person decides"
-    )
-    fields = {
-        "external_id": found.external_id or op.external_id,
-        "error_code": "outside_action", "error_message": found.waits_on,
-        "next_reconcile_at": None,
-    }
-    if op.status == S.ACCEPTED:
-        transition(
-            op, to=S.UNKNOWN, sources={S.ACCEPTED},
-            extra=Q(provider_calls=calls_before) & _no_other_object(found),
-            evidence_kind=EvidenceKind.LOOKUP, summary=summary, data=data, fields=fields,
-            actor=actor,
-        )
-    else:
-        _lookup_noted(
-            op, calls_before=calls_before, summary=summary, data=data, actor=actor,
-            next_reconcile_at=None, fields=fields,
-        )
-    op.refresh_from_db()
-    if _another_object_recorded(op, found):
-        # An event recorded another payment after this lookup's read: the write above kept
-        # off it, and the one found, under way too, is a second effect.
-        return _another_object_found(op, attempt, found, to=S.ACCEPTED, data=data, actor=actor)
-    if found.external_id and op.external_id == found.external_id:
-        # Events kept while a call was in flight, now that its object is known (its
-        # customer's answer, reported meanwhile, settles it here).
-        with transaction.atomic():
-            webhook_events_decide_kept(op_id=op.id)
-        op.refresh_from_db()
-    return ReconcileReport(op.id, "found", op.status, "waits on someone outside the console")
-
-
-def _lookup_noted(
-    op: Operation, *, calls_before: int, summary: str, data: dict[str, Any],
-    actor: AbstractUser | None, next_reconcile_at: datetime | None,
-    fields: dict[str, Any] | None = None,
-) -> None:
-    """A lookup that leaves the status where it is: its evidence, and when to look again
-    (and `fields` it found out), in one transaction. The schedule only while the status is
-    still the one looked up and no call was made since the lookup began: that call's own
-    schedule stands."""
-    with transaction.atomic():
-        found_object = (fields or {}).get("external_id")
-        Operation.objects.filter(
-            # Nor another object than the one found, recorded by an event meanwhile.
-            Q(external_id__in=["", found_object]) if found_object else Q(),
-            id=op.id, status=op.status, provider_calls=calls_before,
-        ).update(**{**(fields or {}), "next_reconcile_at": next_reconcile_at})
-        Evidence.objects.create(
-            operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,
-            to_status=op.status, summary=summary, data=data, actor=actor,
-        )
 
 
 def reconcile_claim_seconds() -> float:

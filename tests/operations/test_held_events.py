@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from operations import engine
-from operations.engine import reconcile as reconcile_module
+from operations.engine import findings as findings_module
 from operations.engine.core import lease_expired
 from operations.models import Operation, OperationStatus, WebhookEvent
 from operations.providers.base import CallOutcome, WebhookFacts
@@ -629,7 +629,7 @@ def test_it_holds_a_payment_waiting_on_3ds_a_lookup_finds_after_an_event_recorde
                        claimed=timezone.now() - timedelta(minutes=5))
     found, under_way = two_payments_one_hidden(op, acme, found_needs_action=True)
     assert found["status"] == "requires_action"
-    original = reconcile_module._lookup_noted
+    original = findings_module._lookup_noted
     fired = []
 
     def event_lands_first(op_, **kwargs):
@@ -640,7 +640,7 @@ def test_it_holds_a_payment_waiting_on_3ds_a_lookup_finds_after_an_event_recorde
             assert result == "applied"
         return original(op_, **kwargs)
 
-    monkeypatch.setattr(reconcile_module, "_lookup_noted", event_lands_first)
+    monkeypatch.setattr(findings_module, "_lookup_noted", event_lands_first)
     engine.operation_reconcile(operation_id=op.id)
 
     assert fired

@@ -6,8 +6,10 @@ from operations.models import Operation, OperationStatus, Run
 
 S = OperationStatus
 
-# What an operation may have done at its provider: done, under way, not known, or held.
-_MAY_HAVE_HAD_EFFECT = (S.SUCCEEDED, S.ACCEPTED, S.IN_PROGRESS, S.UNKNOWN, S.DISPUTED)
+# Closed with no effect at the provider: refused by it, or never called. Every other status
+# made its effect, may have, or may yet: one waiting for its approval, approved and queued,
+# or back before a new call once a lookup proved the last left nothing.
+_CLOSED_WITHOUT_EFFECT = (S.FAILED, S.CANCELLED)
 
 
 def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
@@ -27,15 +29,14 @@ def run_ancestors(run: Run, *, limit: int = 50) -> list[str]:
 
 def command_effects_in_runs(op: Operation, *, run_ids: list[str]) -> list[Operation]:
     """The same command's operations in `run_ids` (the runs this operation's run was
-    replayed or branched from, nearest first: `run_ancestors`) that made, or may have made,
-    their effect. A replay prepares its nodes' commands again under new keys, which the
-    provider dedups nothing against: approving one of those makes the effect a second time.
-    In the order of `run_ids`."""
+    replayed or branched from, nearest first: `run_ancestors`) that made their effect, may
+    have, or may yet. A replay prepares its nodes' commands again under new keys, which the
+    provider dedups nothing against: approving one of those makes the effect a second time,
+    and so does approving both of two still waiting. In the order of `run_ids`."""
     if not op.command_id or not run_ids:
         return []
     found = Operation.objects.filter(
         tenant_id=op.tenant_id, run_id__in=run_ids, command_id=op.command_id,
-        status__in=_MAY_HAVE_HAD_EFFECT,
-    )
+    ).exclude(status__in=_CLOSED_WITHOUT_EFFECT)
     nearness = {run_id: n for n, run_id in enumerate(run_ids)}
     return sorted(found, key=lambda earlier: (nearness[earlier.run_id], earlier.id))

@@ -828,13 +828,50 @@ def test_it_says_a_replays_intent_repeats_a_command_its_parent_run_carried_out(
         text = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", "", page)))
         assert (f"Live (real calls) of {checkpoint.run_id}, launched by admin: reproduce "
                 "the timeout for a***@acme.test") in text
-        assert (f"This command was already carried out in a run this one derives from: "
+        assert (f"This command is also in a run this one derives from: "
                 f"{paid.id} is succeeded (run {checkpoint.run_id}). This intent has its own "
                 "idempotency key") in text
         assert f'href="/operations/{paid.id}/"' in page
     # Another command of the replay repeats nothing: its card warns of nothing.
     page = client.get(f"/approvals/{Approval.objects.get(operation=other).id}/").content.decode()
-    assert "already carried out" not in page and "Live (real calls)</span> of" in page
+    assert "also in a run" not in page and "Live (real calls)</span> of" in page
     # Nor does the original run's own card.
     page = client.get(f"/approvals/{Approval.objects.get(operation=paid).id}/").content.decode()
-    assert "already carried out" not in page and "Derived" not in page
+    assert "also in a run" not in page and "Derived" not in page
+
+
+@pytest.mark.parametrize(("earlier", "said"), [
+    ({}, "waiting for its approval"),
+    ({"authorized_hash": "same"}, "approved, not yet carried out"),
+    ({"provider_calls": 1}, "to be called again (a lookup found its last call left nothing)"),
+    ({"status": "cancelled"}, None),
+    ({"status": "failed"}, None),
+], ids=["waiting", "approved-and-queued", "called-before", "cancelled", "refused"])
+def test_it_warns_of_a_replayed_command_its_parent_run_may_yet_carry_out(
+    acme, approver, admin_user, earlier, said
+):
+    """The parent run's copy of the command has not made its effect yet, but may: approving
+    both pays twice under two keys. Only one closed with no effect needs no warning."""
+    from operations.models import RunMode
+    from tests.factories import CheckpointFactory, RunFactory
+    from tests.operations.engine_helpers import PAYMENT
+
+    checkpoint = CheckpointFactory(run=RunFactory(tenant=acme))
+    first = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                              run=checkpoint.run, checkpoint=checkpoint, command_id="cmd_pay_01")
+    if earlier.get("authorized_hash"):
+        earlier = {**earlier, "authorized_hash": first.payload_hash}
+    Operation.objects.filter(id=first.id).update(**earlier)
+    replay = RunFactory(derived_from=checkpoint, mode=RunMode.LIVE, launched_by=admin_user,
+                        launch_reason="reproduce the timeout")
+    again = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                              run=replay, command_id="cmd_pay_01")
+
+    page = signed_in(approver).get(
+        f"/approvals/{Approval.objects.get(operation=again).id}/").content.decode()
+    text = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", "", page)))
+    if said is None:
+        assert "also in a run" not in text and first.id not in text
+    else:
+        assert (f"This command is also in a run this one derives from: {first.id} is {said} "
+                f"(run {checkpoint.run_id}).") in text

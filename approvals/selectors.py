@@ -11,9 +11,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
-from operations.models import Operation
+from operations.models import Operation, Run
 from operations.policy import policy_version_current
-from operations.selectors import tenant_access_require, tenant_ids_for_user
+from operations.selectors import run_ancestors, tenant_access_require, tenant_ids_for_user
 
 P = ApprovalStatus
 
@@ -48,8 +48,11 @@ def approval_policy_moved_to(approval: Approval) -> str:
 def intent_authors(operation: Operation) -> list[int]:
     """Who wrote this intent or any it replaces, or launched the run of any of them: a
     person's intent asked again unchanged by the agent (as an expiry tells it to) is still
-    theirs, and so is one the agent changed."""
+    theirs, and so is one the agent changed. The same goes for the same command in the runs
+    a replay or a branch derives from: a derived run asks its nodes' commands again, so whoever
+    wrote or launched the original is its author too, whoever launched the copy."""
     authors: set[int] = set()
+    commands: dict[tuple[str, str], Run] = {}
     op: Operation | None = operation
     for _ in range(MAX_SUPERSEDES_WALK):
         if op is None:
@@ -57,7 +60,14 @@ def intent_authors(operation: Operation) -> list[int]:
         authors.update(
             pk for pk in (op.created_by_id, getattr(op.run, "launched_by_id", None)) if pk
         )
+        if op.run is not None and op.run.parent_run_id and op.command_id:
+            commands[(op.run_id, op.command_id)] = op.run
         op = op.supersedes
+    for (_, command_id), run in commands.items():
+        earlier = Operation.objects.filter(
+            tenant_id=operation.tenant_id, run_id__in=run_ancestors(run), command_id=command_id
+        ).values_list("created_by_id", "run__launched_by_id")
+        authors.update(pk for pair in earlier for pk in pair if pk)
     return sorted(authors)
 
 
@@ -66,8 +76,8 @@ MAX_SUPERSEDES_WALK = 1000
 
 
 def approval_is_own_intent(approval: Approval, user) -> bool:
-    """Four eyes: whoever wrote the intent (or one it replaces) or launched its run may not
-    approve it."""
+    """Four eyes: whoever wrote the intent (or one it replaces or repeats: `intent_authors`)
+    or launched the run of one of them may not approve it."""
     op = approval.operation
     return user.pk is not None and user.pk in {
         op.created_by_id, getattr(op.run, "launched_by_id", None), *approval.authors

@@ -199,8 +199,8 @@ def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
                 )
             if approval_is_own_intent(approval, actor):
                 raise ApprovalRefused(
-                    "Four eyes: you created this intent or launched its run, so someone else "
-                    "must approve it.",
+                    "Four eyes: you created this intent, one it replaces or repeats, or "
+                    "launched the run of one of them, so someone else must approve it.",
                     code="four_eyes",
                 )
             updated = Approval.objects.filter(id=approval.id, status=P.PENDING).update(

@@ -14,8 +14,8 @@ from approvals.services import (
     approval_reject,
     approvals_expire_overdue,
 )
-from operations.engine import operation_cancel
-from operations.models import AuditEvent, Operation, OperationStatus, Run
+from operations.engine import operation_cancel, operation_prepare
+from operations.models import AuditEvent, Operation, OperationStatus, Run, RunMode
 from tests.factories import UserFactory
 from tests.helpers import updated_past_triggers
 
@@ -221,6 +221,45 @@ def test_it_refuses_the_author_of_an_intent_the_one_waiting_replaces(
     # Another approver may.
     approval_approve(approval_id=again.id, actor=admin_user)
     assert no_execute == [again.operation_id]
+
+
+@pytest.mark.parametrize("changes", [{}, {"amount_minor": 12_000_000}],
+                         ids=["asked-again-unchanged", "changed-in-the-branch"])
+def test_it_refuses_the_launcher_of_the_run_a_replay_repeats_a_command_of(
+    acme, approver, operator, admin_user, no_execute, changes
+):
+    """The approver launched a run, so four eyes keeps them from approving its deal. A
+    colleague replays the run live; the copy asks the same command again, under its own
+    key: it is still the approver's, as an intent the agent asks again is."""
+    from tests.factories import CheckpointFactory, RunFactory
+
+    deal = {"name": "Renewal 2027", "amount_minor": 9_000_000, "currency": "EUR",
+            "owner": "anna"}
+    checkpoint = CheckpointFactory(run=RunFactory(tenant=acme, launched_by=approver))
+    first = operation_prepare(tenant=acme, action="crm.create_deal", payload=deal,
+                              run=checkpoint.run, checkpoint=checkpoint, command_id="cmd_deal")
+    with pytest.raises(ApprovalRefused, match="Four eyes"):
+        approval_approve(approval_id=Approval.objects.get(operation=first).id, actor=approver)
+    replay = RunFactory(derived_from=checkpoint, mode=RunMode.LIVE, launched_by=operator,
+                        launch_reason="the CRM timed out")
+    again = Approval.objects.get(operation=operation_prepare(
+        tenant=acme, action="crm.create_deal", payload={**deal, **changes}, run=replay,
+        command_id="cmd_deal"))
+    # Another command of the copy is the copy's launcher's alone.
+    other = Approval.objects.get(operation=operation_prepare(
+        tenant=acme, action="crm.create_deal", payload={**deal, "name": "Upsell"}, run=replay,
+        command_id="cmd_other"))
+    assert sorted(again.authors) == sorted([approver.pk, operator.pk])
+    assert other.authors == [operator.pk]
+
+    with pytest.raises(ApprovalRefused, match="one it replaces or repeats"):
+        approval_approve(approval_id=again.id, actor=approver)
+    (refused,) = _audits("approval.approve_refused", again)
+    assert refused.actor == approver
+    assert Approval.objects.get(id=again.id).status == ApprovalStatus.PENDING
+    approval_approve(approval_id=other.id, actor=approver)
+    approval_approve(approval_id=again.id, actor=admin_user)
+    assert no_execute == [other.operation_id, again.operation_id]
 
 
 def test_it_refuses_the_person_who_prepared_the_intent_from_a_shell(

@@ -174,6 +174,21 @@ def _refuse_secrets_in(text: str, *, what: str, verb: str) -> None:
         )
 
 
+def approval_decision_check(*, approval_id: str, actor, verb: str) -> None:
+    """Refuse, and record, a decision this approval cannot take whatever its words say: it
+    is decided, or expired (an attempt after expiry is recorded and closes it, as the
+    decision itself would). For a decision whose words a form turned away: the person
+    learns the approval ran out, not that a reason is missing, and the attempt is on the
+    trail."""
+    try:
+        with transaction.atomic():
+            _refuse_unless_decidable(_locked(approval_id), actor, now=timezone.now())
+    except ApprovalRefused as refusal:
+        _record_refusal(approval_id=approval_id, actor=actor, refusal=refusal, verb=verb,
+                        typed={})
+        raise
+
+
 def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
     """Approve exactly the intent this approval was bound to, and enqueue its execution."""
     comment = comment.strip()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -22,7 +23,12 @@ from approvals.selectors import (
     approvals_of_operation,
     approvals_queue_page,
 )
-from approvals.services import ApprovalRefused, approval_approve, approval_reject
+from approvals.services import (
+    ApprovalRefused,
+    approval_approve,
+    approval_decision_check,
+    approval_reject,
+)
 from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
@@ -173,13 +179,26 @@ def _decided(
     return redirect(_next_url(request, approval))
 
 
+def _form_refused(
+    request: HttpRequest, approval: Approval, form: forms.Form, *, verb: str
+) -> HttpResponse:
+    """Words the form turns away, on an approval that could take no decision anyway
+    (expired, decided meanwhile): that is what the person is told, and the attempt is
+    recorded, as a decision with valid words would be."""
+    try:
+        approval_decision_check(approval_id=approval.id, actor=request.user, verb=verb)
+    except ApprovalRefused as refusal:
+        return _decided(request, approval, error=refusal.message)
+    return _decided(request, approval, error=form_problem(form))
+
+
 @require_POST
 def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "approve_intents")
     form = ApproveForm(request.POST)
     if not form.is_valid():
         # Never approve while dropping what the approver wrote.
-        return _decided(request, approval, error=form_problem(form))
+        return _form_refused(request, approval, form, verb="approve")
     try:
         approval_approve(
             approval_id=approval.id, actor=request.user, comment=form.cleaned_data["comment"]
@@ -194,7 +213,7 @@ def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "approve_intents")
     form = RejectForm(request.POST)
     if not form.is_valid():
-        return _decided(request, approval, error=form_problem(form))
+        return _form_refused(request, approval, form, verb="reject")
     try:
         approval_reject(
             approval_id=approval.id, actor=request.user, reason=form.cleaned_data["reason"]

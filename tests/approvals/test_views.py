@@ -344,6 +344,41 @@ def test_it_refuses_a_decision_whose_text_is_too_long_and_says_why(acme, approve
     assert AuditEvent.objects.count() == audit_rows
 
 
+@pytest.mark.parametrize(("url", "words"), [
+    ("approvals:reject", {"reason": ""}),
+    ("approvals:reject", {"reason": "y" * 2001}),
+    ("approvals:approve", {"comment": "card 4111 1111 1111 1111"}),
+], ids=["reject-without-reason", "reject-too-long", "approve-with-a-card-number"])
+def test_it_records_a_late_decision_whose_words_the_form_refuses(
+    acme, approver, prepare_payment, no_execute, url, words
+):
+    """An approval after expiry does nothing but record the attempt, whatever its words:
+    the approver was told their reason was missing, the approval stayed pending and the
+    trail never saw the attempt."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    approval = prepare_payment(acme)
+    Approval.objects.filter(id=approval.id).update(
+        expires_at=timezone.now() - timedelta(seconds=1))
+
+    page = signed_in(approver).post(reverse(url, args=[approval.id]), words,
+                                    HTTP_HX_REQUEST="true").content.decode()
+
+    assert "This approval expired at" in page
+    assert "needs a reason" not in page and "at most 2000" not in page
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.EXPIRED
+    verb = url.split(":")[1]
+    (attempt,) = AuditEvent.objects.filter(action=f"approval.{verb}_refused",
+                                           object_id=approval.id)
+    assert attempt.actor == approver and attempt.after["refusal"] == "expired"
+    # The words the form refused are not on the trail.
+    assert "4111" not in str(attempt.after) and "yyyy" not in str(attempt.after)
+    assert Operation.objects.get(id=approval.operation_id).status == "cancelled"
+    assert no_execute == []
+
+
 def test_it_keeps_a_card_number_in_a_decision_out_of_the_trail(acme, approver,
                                                               prepare_payment, no_execute):
     from approvals.services import ApprovalRefused, approval_reject

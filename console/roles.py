@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
 from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
@@ -68,6 +69,18 @@ def roles_setup() -> list[Group]:
         return [Group.objects.get_or_create(name=name)[0] for name in ROLES]
 
 
+def _user_lock(user) -> None:
+    """Hold the user's row until the transaction ends, taken before their roles or
+    permissions on the tenant are read. Two grants or revokes at once each read what the
+    other was still changing: two revokes each kept view_tenant for the other's role, and a
+    grant skipped view_tenant as held while a revoke took it away. The user row, not their
+    TenantRole rows, so the first grant (no row to lock yet) waits too; NO KEY, so rows
+    that merely reference the user (their audit events, decisions) are not held up."""
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list(
+        "pk"
+    ).first()
+
+
 def _role_name(role: str) -> str:
     for name in ROLES:
         if name.lower() == role.strip().lower():
@@ -84,6 +97,7 @@ def role_grant(
     name = _role_name(role)
     _reason_check(reason)
     with transaction.atomic():
+        _user_lock(user)
         group, _ = Group.objects.get_or_create(name=name)
         _, created = TenantRole.objects.get_or_create(user=user, tenant=tenant, role=name)
         user.groups.add(group)
@@ -111,6 +125,7 @@ def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = ""
     name = _role_name(role)
     _reason_check(reason)
     with transaction.atomic():
+        _user_lock(user)
         deleted, _ = TenantRole.objects.filter(user=user, tenant=tenant, role=name).delete()
         if not deleted:
             raise RoleNotHeld(f"{user.username} does not hold {name} on {tenant.slug}")

@@ -1,16 +1,21 @@
 from __future__ import annotations
 
 import io
+import threading
+from collections.abc import Callable
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import Client
-from guardian.shortcuts import remove_perm
+from guardian.shortcuts import get_user_perms, remove_perm
 
+from console import roles
+from console.roles import role_grant, role_revoke
 from operations.models import AuditEvent, TenantRole
 from operations.services import audit_event_record
 from tests.factories import UserFactory
-from tests.helpers import migrated_back_to
+from tests.helpers import Background, migrated_back_to, wait_for
 
 
 @pytest.mark.django_db
@@ -199,3 +204,87 @@ def test_it_records_permissions_a_second_grant_gives_back(acme):
     assert type(dana).objects.get(pk=dana.pk).has_perm("operations.approve_intents", acme)
     restored = AuditEvent.objects.filter(action="role.grant", object_id="dana").order_by("id")
     assert [event.after.get("restored") for event in restored] == [None, ["approve_intents"]]
+
+
+def _paused_at(monkeypatch, name: str) -> tuple[threading.Event, threading.Event]:
+    """console.roles.<name> stops the first background thread that calls it, just after the
+    call and with its transaction open, until released. Returns (paused, release)."""
+    paused, release = threading.Event(), threading.Event()
+    original = getattr(roles, name)
+
+    def stopping(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if hasattr(result, "model"):
+            result = list(result)  # a lazy queryset: read now, as the caller does next
+        if threading.current_thread() is not threading.main_thread() and not paused.is_set():
+            paused.set()
+            release.wait(timeout=20)
+        return result
+
+    monkeypatch.setattr(roles, name, stopping)
+    return paused, release
+
+
+def _beside(call: Callable[[], object]) -> Background:
+    """`call` in a second thread, as another admin at the same moment; returns once it has
+    finished or is waiting on a lock, whichever the code under test makes it do."""
+    done = threading.Event()
+
+    def run() -> object:
+        try:
+            return call()
+        finally:
+            done.set()
+
+    def waiting_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return cursor.fetchone()[0] > 0
+
+    second = Background(run)
+    wait_for(lambda: done.is_set() or waiting_on_a_lock(), what="the second call to block or end")
+    return second
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_nothing_on_the_tenant_after_two_revokes_at_once(acme, monkeypatch):
+    dana = UserFactory(username="dana")
+    role_grant(user=dana, role="Approver", tenant=acme)
+    role_grant(user=dana, role="Operator", tenant=acme)
+    # The first revoke has worked out what Operator keeps and is removing the rest.
+    paused, release = _paused_at(monkeypatch, "remove_perm")
+    first = Background(lambda: role_revoke(user=dana, role="Approver", tenant=acme))
+    assert paused.wait(timeout=10)
+
+    second = _beside(lambda: role_revoke(user=dana, role="Operator", tenant=acme))
+    release.set()
+    removed = first.join(), second.join()
+
+    # Each kept view_tenant for the role the other was taking away: no role held, and the
+    # tenant still visible to them.
+    assert not TenantRole.objects.filter(user=dana, tenant=acme).exists()
+    assert list(get_user_perms(dana, acme)) == []
+    assert removed == (["approve_intents"], ["view_tenant", "operate_operations", "replay_runs"])
+    assert not dana.groups.exists()
+    assert AuditEvent.objects.filter(action="role.revoke", object_id="dana").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_gives_a_role_granted_beside_a_revoke_all_its_permissions(acme, monkeypatch):
+    dana = UserFactory(username="dana")
+    role_grant(user=dana, role="Operator", tenant=acme)
+    # The grant has read what dana holds on acme (view_tenant, from Operator).
+    paused, release = _paused_at(monkeypatch, "get_user_perms")
+    grant = Background(lambda: role_grant(user=dana, role="Approver", tenant=acme))
+    assert paused.wait(timeout=10)
+
+    revoke = _beside(lambda: role_revoke(user=dana, role="Operator", tenant=acme))
+    release.set()
+    granted, removed = grant.join(), revoke.join()
+
+    # The grant left view_tenant out as held while the revoke took it away with Operator.
+    assert list(TenantRole.objects.filter(user=dana, tenant=acme).values_list(
+        "role", flat=True)) == ["Approver"]
+    assert set(get_user_perms(dana, acme)) == {"view_tenant", "approve_intents"}
+    assert (granted.restored, removed) == ([], ["operate_operations", "replay_runs"])
+    assert list(dana.groups.values_list("name", flat=True)) == ["Approver"]

@@ -54,7 +54,13 @@ def _audit_value(value: Any) -> str:
         return value
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return ", ".join(value) or "—"
-    return json.dumps(value, sort_keys=True)
+    return _audit_json(value)
+
+
+def _audit_json(value: Any) -> str:
+    """A nested before/after value as text, for the page and the export alike. Unescaped:
+    "\\u043f…" is no address a mask can find (anna@почта.рф), and no one can read it."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def audit_changes(before: Any, after: Any) -> list[AuditChange]:
@@ -164,8 +170,7 @@ def _cell(value: str) -> str:
 
 
 def _masked_json(value: Any) -> str:
-    # Unescaped first: "\u043f…" is no address a mask can find (anna@почта.рф).
-    return mask_person_text(json.dumps(value, sort_keys=True, ensure_ascii=False))
+    return mask_person_text(_audit_json(value))
 
 
 def _csv_rows(events) -> Iterator[list[str]]:

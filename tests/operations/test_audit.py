@@ -515,3 +515,24 @@ def test_it_masks_an_address_of_any_script_in_the_export_as_on_the_page(acme, op
                     if row["action"] == "operation.resolve_failed")
     said = json.loads(resolved["after"])["evidence"]
     assert said == "the beneficiary a***@почта.рф says nothing came"
+
+
+@pytest.mark.django_db
+def test_it_masks_and_reads_a_nested_value_on_the_page_as_the_export_does(acme, auditor):
+    from tests.helpers import signed_in
+
+    # An export of one person's trail (a username may be an address, in Cyrillic) records
+    # the filter it was given, nested in its "after".
+    assert _export(auditor, actor="anna.petrova@почта.рф")
+    export = AuditEvent.objects.get(action="audit.export")
+    assert export.after == {"filters": {"actor": "anna.petrova@почта.рф"}}
+
+    client = signed_in(auditor)
+    page = client.get("/audit/", {"action": "audit.export"}).content.decode()
+    # JSON's escapes (\u043f…) hid the address from the page's mask, and left its domain
+    # unreadable.
+    assert "anna.petrova@" not in page and "\\u043f" not in page
+    assert "a***@почта.рф" in page
+    (header, *rows) = _exported(client.get("/audit.csv", {"action": "audit.export"}))
+    row = next(dict(zip(header, r, strict=True)) for r in rows if r[0] == str(export.id))
+    assert row["after"] == '{"filters": {"actor": "a***@почта.рф"}}'

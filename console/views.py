@@ -181,7 +181,8 @@ def _csv_rows(events) -> Iterator[list[str]]:
             str(event.id), event.created_at.isoformat(),
             # As the page says it: blank would read as "someone unknown".
             _cell(event.actor_username or "system"),
-            event.tenant.slug if event.tenant else "", _cell(event.action),
+            # A slug may start with "-" ("-1-1" is a valid one), which a spreadsheet runs.
+            _cell(event.tenant.slug) if event.tenant else "", _cell(event.action),
             # Masked as the page shows them: what a person typed can hold an address or an
             # account number, and the export is read by whoever gets the file.
             _cell(event.object_type), _cell(event.object_id),

@@ -536,3 +536,23 @@ def test_it_masks_and_reads_a_nested_value_on_the_page_as_the_export_does(acme, 
     (header, *rows) = _exported(client.get("/audit.csv", {"action": "audit.export"}))
     row = next(dict(zip(header, r, strict=True)) for r in rows if r[0] == str(export.id))
     assert row["after"] == '{"filters": {"actor": "a***@почта.рф"}}'
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_formula_out_of_the_tenant_cell_of_the_export(auditor):
+    from console.roles import role_grant
+    from tests.factories import TenantFactory
+
+    # A SlugField takes "-1-1" (an admin can name a tenant so in /admin/); a spreadsheet
+    # runs that cell as =-1-1.
+    tenant = TenantFactory(slug="-1-1")
+    role_grant(user=auditor, role="Auditor", tenant=tenant)
+    audit_event_record(actor=auditor, action="intent.reject", tenant=tenant,
+                       object_type="approval", object_id="apr_dash")
+
+    text = _export(auditor, object="apr_dash").decode("utf-8-sig")
+
+    (header, row) = csv.reader(io.StringIO(text))
+    cells = dict(zip(header, row, strict=True))
+    assert cells["tenant"] == "'-1-1"
+    assert [cell for cell in row if cell.startswith(("-", *FORMULA_STARTS))] == []

@@ -1,5 +1,6 @@
 """Roles: held per tenant (TenantRole), carried out as guardian object permissions on the
-tenant, and shown as groups (a user is in a role's group while they hold it anywhere)."""
+tenant, and mirrored as groups (a user is in a role's group while they hold it anywhere);
+what a person is shown they hold comes from TenantRole, never from their groups."""
 
 from __future__ import annotations
 
@@ -149,6 +150,12 @@ def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = ""
 
 
 def user_roles(user) -> list[str]:
+    """The roles the user holds on some tenant, as the header names them. From the grants,
+    not the groups: a superuser can put anyone into a role's group in /admin/, which gives
+    nothing on any tenant, and the header then named a role they did not hold."""
     if not user.is_authenticated:
         return []
-    return sorted(g.name for g in user.groups.all() if g.name in ROLE_PERMISSIONS)
+    return list(
+        TenantRole.objects.filter(user=user).order_by("role").values_list("role", flat=True)
+        .distinct()
+    )

@@ -208,6 +208,27 @@ def test_it_grants_nothing_through_a_permission_given_on_the_model_not_a_tenant(
 
 
 @pytest.mark.django_db
+def test_it_names_no_role_in_the_header_that_only_a_group_gives(acme, globex, stranger):
+    from django.contrib.auth.models import Group
+
+    from console.roles import role_grant, roles_setup
+    from tests.helpers import signed_in
+
+    # Put into the Admin group in /admin/: that gives nothing on any tenant (README).
+    roles_setup()
+    stranger.groups.add(Group.objects.get(name="Admin"))
+    html = signed_in(stranger).get("/").content.decode()
+    assert "You are not granted on any tenant yet" in html
+    assert '<span class="role">Admin</span>' not in html
+    assert '<span class="role muted">no role</span>' in html
+
+    for role, tenant in (("Operator", acme), ("Approver", globex), ("Approver", acme)):
+        role_grant(user=stranger, role=role, tenant=tenant)
+    html = signed_in(stranger).get("/").content.decode()
+    assert re.findall(r'<span class="role">(\w+)</span>', html) == ["Approver", "Operator"]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("path", [
     "/operations/%00/", "/operations/op_%00x/resolve", "/approvals/%00/", "/runs/%00/",
     "/runs/conversations/%00/", "/operations/" + "x" * 41 + "/",

@@ -349,6 +349,33 @@ def test_it_settles_and_tells_the_console_on_the_beat_as_a_bank_would(
     assert sandbox_counts()["payment_intents"] == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_does_nothing_on_a_tick_that_reaches_a_worker_with_the_sandbox_off(
+    sandbox, settings, live_server, acme, approver
+):
+    """A tick queued before a deployment moved to the real provider signed the sandbox's
+    events with the real provider's secret, and the console applied them as its facts."""
+    from operations.models import Operation, WebhookEvent
+    from operations.sandbox.models import SandboxWebhook
+    from operations.sandbox.tasks import sandbox_tick
+    from tests.operations.engine_helpers import async_payment
+
+    op = async_payment(acme, approver)  # accepted: the sandbox's payment is `processing`
+    PaymentIntent.objects.update(created_at=timezone.now() - timedelta(hours=1))
+    undelivered = SandboxWebhook.objects.filter(delivered_at__isnull=True).count()
+    assert undelivered
+    settings.SANDBOX_ENABLED = False
+    settings.PAYMENTS_WEBHOOK_SECRET = "whsec_the_real_providers_secret"
+    settings.SANDBOX_WEBHOOK_TARGET = live_server.url
+
+    assert sandbox_tick() == {}
+
+    assert WebhookEvent.objects.count() == 0
+    assert Operation.objects.get(id=op.id).status == "accepted"
+    assert SandboxWebhook.objects.filter(delivered_at__isnull=True).count() == undelivered
+    assert PaymentIntent.objects.get().status == "processing"
+
+
 def test_it_refuses_a_fault_that_could_never_fire(db):
     # A fault that silently never fires would let a test pass without its failure happening.
     for wrong in ({"provider": "sms"}, {"times": 0}):

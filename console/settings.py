@@ -265,15 +265,21 @@ CELERY_DB_REUSE_MAX = _int_env("CELERY_DB_REUSE_MAX", "1000", positive=False)
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get(
     "CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule")
 )
+
+
+def _beat_entry(task: str, every: float) -> dict:
+    # Each run does all that is due, so one still queued after five minutes is dropped: a
+    # worker outage would otherwise leave a backlog (720 sweeps an hour) for the returning
+    # worker to drain. Not sooner: under a queue a few minutes deep, dropping every run would
+    # leave expired leases unswept until it drained.
+    return {"task": task, "schedule": every, "options": {"expires": max(every, 300.0)}}
+
+
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
-    "sweep-operations": {
-        "task": "operations.sweep_operations",
-        "schedule": _float_env("OPERATION_SWEEP_SECONDS", "5"),
-    },
-    "expire-approvals": {
-        "task": "approvals.expire_overdue",
-        "schedule": 30.0,
-    },
+    "sweep-operations": _beat_entry(
+        "operations.sweep_operations", _float_env("OPERATION_SWEEP_SECONDS", "5")
+    ),
+    "expire-approvals": _beat_entry("approvals.expire_overdue", 30.0),
 }
 
 # The engine's timing. A lease must outlast the provider timeout, or a slow answer would be
@@ -393,7 +399,6 @@ if SANDBOX_ENABLED:
     ALLOWED_HOSTS = [
         *ALLOWED_HOSTS, *(host for host in ("127.0.0.1", "localhost") if host not in ALLOWED_HOSTS)
     ]
-    CELERY_BEAT_SCHEDULE["sandbox-tick"] = {
-        "task": "sandbox.tick",
-        "schedule": _float_env("SANDBOX_TICK_SECONDS", "5"),
-    }
+    CELERY_BEAT_SCHEDULE["sandbox-tick"] = _beat_entry(
+        "sandbox.tick", _float_env("SANDBOX_TICK_SECONDS", "5")
+    )

@@ -84,7 +84,8 @@ def test_it_starts_a_demo_deployment_whose_sandbox_reaches_itself_over_loopback(
     result = subprocess.run(
         [sys.executable, "-c", "import django; django.setup(); from django.conf import "
          "settings as s; print(s.ALLOWED_HOSTS, s.SECURE_REDIRECT_EXEMPT, "
-         "'sandbox-tick' in s.CELERY_BEAT_SCHEDULE)"],
+         "'sandbox-tick' in s.CELERY_BEAT_SCHEDULE, "
+         "sorted({e['options']['expires'] for e in s.CELERY_BEAT_SCHEDULE.values()}))"],
         cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
         env={**{k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}},
              "DJANGO_SETTINGS_MODULE": "console.settings",
@@ -95,7 +96,7 @@ def test_it_starts_a_demo_deployment_whose_sandbox_reaches_itself_over_loopback(
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (
         "['demo.example.com', '127.0.0.1', 'localhost'] "
-        "['^healthz$', '^sandbox/', '^webhooks/'] True"
+        "['^healthz$', '^sandbox/', '^webhooks/'] True [300.0]"
     )
 
 

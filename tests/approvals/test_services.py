@@ -461,6 +461,37 @@ def test_it_enqueues_execution_only_when_the_approval_commits(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_enqueues_nothing_for_an_approval_its_callers_transaction_rolls_back(
+    acme, approver, monkeypatch
+):
+    """The execute message goes out on commit: a worker must never run an operation whose
+    approval was rolled back with the caller's transaction."""
+    from operations import tasks
+    from tests.operations.engine_helpers import PAYMENT
+
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.execute_operation, "delay", sent.append)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT)
+    approval = Approval.objects.get(operation=op)
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        approval_approve(approval_id=approval.id, actor=approver)
+        assert sent == []
+        raise Abort
+
+    assert sent == []
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    assert not Operation.objects.get(id=op.id).authorized_hash
+    assert not AuditEvent.objects.filter(action="approval.approve").exists()
+    # Approved for real, it is sent once, after its commit.
+    approval_approve(approval_id=approval.id, actor=approver)
+    assert sent == [op.id]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_keeps_an_approval_and_runs_it_later_when_the_broker_is_down(
     acme, approver, prepare_payment, monkeypatch, caplog
 ):

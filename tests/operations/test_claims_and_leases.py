@@ -139,6 +139,38 @@ def test_it_makes_one_call_when_eight_workers_receive_the_same_execute(
     assert op.attempts.filter(kind=AttemptKind.CALL).count() == 1
 
 
+@pytest.mark.worker
+def test_it_looks_up_and_calls_once_per_operation_when_sweeps_run_at_once(
+    acme, approver, providers, worker_pool
+):
+    """A backlog of beat messages drained by a pool of threads, or two beats in a deploy's
+    overlap: lost answers due now and leases a dead worker held are each claimed by one
+    sweep, looked up once and paid once."""
+    ops = []
+    for i in range(6):
+        op = make_unknown(authorized_payment(acme, approver, invoice_id=f"inv_u{i}"))
+        Operation.objects.filter(id=op.id).update(
+            next_reconcile_at=timezone.now() - timedelta(seconds=1))
+        ops.append(op)
+    for i in range(6):
+        ops.append(died_mid_call(authorized_payment(acme, approver, invoice_id=f"inv_d{i}"),
+                                 claimed=timezone.now() - timedelta(minutes=5)))
+    worker_pool.start(concurrency=8, extra_env={**providers, "PROVIDER_TIMEOUT_SECONDS": "2"})
+
+    sweeps = [sweep_operations.apply_async(queue=worker_pool.queue, ignore_result=False)
+              for _ in range(8)]
+
+    assert sum(sweep.get(timeout=60) for sweep in sweeps) == len(ops)
+    wait_for(lambda: all(o.status == S.SUCCEEDED
+                         for o in Operation.objects.filter(id__in=[o.id for o in ops])),
+             timeout=60, what="every operation to be found absent and paid once")
+    for op in ops:
+        assert op.attempts.filter(kind=AttemptKind.LOOKUP).count() == 1
+        assert len(payment_posts(op)) == 1
+    assert sorted(PaymentIntent.objects.values_list("metadata__operation_id", flat=True)) == (
+        sorted(op.id for op in ops))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_keeps_an_operators_settlement_when_a_late_answer_arrives(
     acme, approver, operator, providers, settings

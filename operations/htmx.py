@@ -20,8 +20,9 @@ def page_render(
     # but it replaces the whole body: it needs the page, not the fragment.
     swap = bool(request.htmx) and not request.htmx.history_restore_request
     response = render(request, f"{template}#{partial}" if swap else template, context)
-    # One URL answers a fragment or a page: a cache must never hand one out for the other.
-    patch_vary_headers(response, ("HX-Request",))
+    # One URL answers a fragment or a page, by both headers: a cache must never hand one out
+    # for the other (a fragment as the page Back restores, a page inside the table).
+    patch_vary_headers(response, ("HX-Request", "HX-History-Restore-Request"))
     return response
 
 

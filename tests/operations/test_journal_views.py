@@ -413,18 +413,23 @@ def test_it_links_the_dashboard_numbers_to_the_filtered_journal(acme_unknown, op
 
 
 @pytest.mark.django_db
-def test_it_answers_htmx_history_restore_with_the_whole_page(acme, operator):
-    prepared_payment(acme)
-    client = signed_in(operator)
+@pytest.mark.parametrize("url", ["/operations/", "/approvals/", "/runs/", "/audit/"])
+def test_it_answers_htmx_history_restore_with_the_whole_page(acme, admin_user, url):
+    """Both headers choose between the fragment and the page, so a cache must key on both:
+    on HX-Request alone it handed the cached fragment to Back, or the page into a table."""
+    from django.utils.cache import cc_delim_re
 
-    swap = client.get("/operations/", {"status": "not_started"}, HTTP_HX_REQUEST="true")
-    restore = client.get("/operations/", {"status": "not_started"}, HTTP_HX_REQUEST="true",
-                         HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    prepared_payment(acme)
+    client = signed_in(admin_user)
+
+    swap = client.get(url, HTTP_HX_REQUEST="true")
+    restore = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
 
     assert "<html" not in swap.content.decode()
-    assert "<html" in restore.content.decode() and "Operations journal" in restore.content.decode()
+    assert "<html" in restore.content.decode()
     for response in (swap, restore):
-        assert "HX-Request" in response["Vary"]
+        vary = {h.strip().lower() for h in cc_delim_re.split(response["Vary"])}
+        assert {"hx-request", "hx-history-restore-request"} <= vary
 
 
 @pytest.mark.django_db

@@ -182,6 +182,27 @@ def test_it_refuses_a_reference_the_provider_does_not_know(acme_unknown, operato
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("typed", ["DE89370400440532013000", "79991234567"],
+                         ids=["an-iban", "a-phone-number"])
+def test_it_masks_a_typed_reference_in_the_timeline_as_everywhere_else(
+    acme_unknown, operator, auditor, admin_user, sandbox, typed
+):
+    """The evidence line masked what a person typed as a reference, and the title of the
+    lookup made to check it showed it whole beside it."""
+    op = acme_unknown
+    response = signed_in(operator).post(f"/operations/{op.id}/resolve",
+                                        {**RESOLVE, "resolve-provider_reference": typed})
+    assert response.status_code == 400
+
+    page = signed_in(auditor).get(f"/operations/{op.id}/").content.decode()
+    assert f"Attempt 1: lookup of the reference ••••{typed[-4:]} → not found" in page
+    assert typed not in page
+    # The audited unmasked page shows it as typed.
+    page = signed_in(admin_user).get(f"/operations/{op.id}/?unmasked=1").content.decode()
+    assert f"Attempt 1: lookup of the reference {typed} → not found" in page
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_refuses_a_reference_that_is_not_an_id_without_asking(
     acme_unknown, operator, sandbox
 ):

@@ -21,7 +21,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 
 from approvals.selectors import approvals_waiting
 from console.celery import broker_connection_check
@@ -103,7 +103,8 @@ def _broker_ok() -> bool:
 
 @login_not_required
 @never_cache
-@require_GET
+# HEAD too: many uptime monitors probe with it, and a 405 would report the console down.
+@require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     checks = {"database": _database_ok(), "broker": _broker_ok()}
     body = {name: "ok" if ok else "down" for name, ok in checks.items()}

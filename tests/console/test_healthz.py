@@ -13,6 +13,14 @@ def test_it_reports_database_and_broker_up():
 
 
 @pytest.mark.django_db
+def test_it_answers_a_head_probe_as_it_answers_get():
+    """Uptime monitors often probe with HEAD: a 405 reported the console down."""
+    response = Client().head("/healthz")
+    assert (response.status_code, response.content) == (200, b"")
+    assert Client().post("/healthz").status_code == 405
+
+
+@pytest.mark.django_db
 def test_it_returns_503_when_the_broker_is_down(settings):
     from console.celery import app
 

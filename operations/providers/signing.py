@@ -21,6 +21,11 @@ STRIPE_TOLERANCE_SECONDS = 300
 # would fail the INSERT (a 500, which the provider retries for days) instead of a 400.
 EVENT_ID_MAX = 120
 EVENT_TYPE_MAX = 80
+# How deep a signed body may nest. Refused past it (a 400), not when the parser gives up:
+# json.loads reads ~1000 levels, json.dumps of the stored facts recurses deeper in the stack
+# and overflows it a little below that (a RecursionError, a 500), and where depends on the
+# stack the request runs on. The providers' events nest about 6 levels.
+EVENT_DEPTH_MAX = 64
 
 
 def _hmac_hex(secret: str, payload: bytes) -> str:
@@ -137,11 +142,24 @@ def _storable(value: Any) -> bool:
     return True
 
 
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Walked without recursion, like `_storable`."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
     """The common envelope `{"id", "type", "created", "data": {"object": …}}` of a body whose
     signature was already verified. Signed but malformed is refused like a bad signature:
     it is not ours to interpret. So is one the journal could not store (NaN, a NUL, nesting
-    deeper than the parser goes): answered 400, not 500, which a provider retries for days."""
+    deeper than `EVENT_DEPTH_MAX`): answered 400, not 500, which a provider retries for days."""
     try:
         event = json.loads(body, parse_constant=_constant_refused, parse_float=_finite_float)
         obj = event["data"]["object"]
@@ -150,6 +168,10 @@ def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
         raise WebhookSignatureError(f"signed body is not a {what} event") from None
     if not _storable(event):
         raise WebhookSignatureError(f"signed {what} event holds text no database can store")
+    if _nested_deeper_than(event, EVENT_DEPTH_MAX):
+        raise WebhookSignatureError(
+            f"signed {what} event nests deeper than {EVENT_DEPTH_MAX} levels"
+        )
     if not isinstance(obj, dict):
         raise WebhookSignatureError(f"signed body is not a {what} event")
     # The id is what deduplicates: a null or empty one, stored once, would make every later

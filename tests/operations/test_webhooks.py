@@ -487,3 +487,41 @@ def test_it_answers_400_to_a_signed_event_nested_deeper_than_the_limit(settings,
     assert answers.pop(limit) == 200  # the limit itself is an event
     assert set(answers.values()) == {400}, {d: s for d, s in answers.items() if s != 400}
     assert list(WebhookEvent.objects.values_list("event_id", flat=True)) == [f"evt_{limit}"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_applies_an_event_delivered_concurrently_once_and_counts_every_delivery(
+    acme, approver, providers, settings
+):
+    import threading
+
+    from django.db import connection
+    from django.test import Client
+
+    op = async_payment(acme, approver)
+    body = _stripe_event(op, event_id="evt_raced", status="succeeded")
+    barrier = threading.Barrier(6)
+    answers: list[tuple[int, str]] = []
+
+    def deliver() -> None:
+        try:
+            barrier.wait(timeout=10)
+            response = _signed_stripe_post(Client(), settings, body)
+            answers.append((response.status_code, response.json()["result"]))
+        finally:
+            connection.close()  # each thread has its own connection
+
+    threads = [threading.Thread(target=deliver) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    # The copies wait on the unique index and count as duplicates, answered 200 all.
+    assert sorted(answers) == [(200, "applied")] + [(200, "duplicate")] * 5
+    event = WebhookEvent.objects.get()
+    assert (event.deliveries, event.applied) == (6, True)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
+    assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1

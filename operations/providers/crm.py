@@ -19,7 +19,12 @@ from operations.providers.base import (
     ToolContract,
     WebhookFacts,
 )
-from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
+from operations.providers.signing import (
+    event_operation_id,
+    header_get,
+    hmac_signature_verify,
+    signed_event_parse,
+)
 from operations.providers.transport import (
     Answer,
     absence_once_named,
@@ -255,10 +260,11 @@ class CrmWebhookVerifier:
             event_id=event.id,
             event_type=event.type,
             # An update names its own operation; a create carries it on the deal.
-            operation_id=str(
-                event.body.get("operation_id") or deal.get("agent_operation_id") or ""
+            operation_id=(
+                event_operation_id(event.body.get("operation_id"), what="CRM")
+                or event_operation_id(deal.get("agent_operation_id"), what="CRM")
             ),
-            external_id=str(deal.get("id", "")),
+            external_id=event.object_id,
             status=CallOutcome.SUCCEEDED,
             created_at=event.created_at,
             data=_deal_facts(deal),

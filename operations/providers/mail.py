@@ -20,7 +20,12 @@ from operations.providers.base import (
     ToolContract,
     WebhookFacts,
 )
-from operations.providers.signing import header_get, hmac_signature_verify, signed_event_parse
+from operations.providers.signing import (
+    event_operation_id,
+    header_get,
+    hmac_signature_verify,
+    signed_event_parse,
+)
 from operations.providers.transport import (
     absence_once_named,
     account_fingerprint,
@@ -177,8 +182,8 @@ class MailWebhookVerifier:
         return WebhookFacts(
             event_id=event.id,
             event_type=event.type,
-            operation_id=str(event.object.get("operation_id", "")),
-            external_id=str(event.object.get("id", "")),
+            operation_id=event_operation_id(event.object.get("operation_id"), what="mail"),
+            external_id=event.object_id,
             status=EVENT_STATUS.get(event.type),
             created_at=event.created_at,
             data=_message_facts(event.object),

@@ -22,7 +22,12 @@ from operations.providers.base import (
     WebhookFacts,
     WebhookSignatureError,
 )
-from operations.providers.signing import header_get, signed_event_parse, stripe_signature_verify
+from operations.providers.signing import (
+    event_operation_id,
+    header_get,
+    signed_event_parse,
+    stripe_signature_verify,
+)
 from operations.providers.transport import (
     Answer,
     absence_once_named,
@@ -267,8 +272,8 @@ class PaymentsWebhookVerifier:
         return WebhookFacts(
             event_id=event.id,
             event_type=event.type,
-            operation_id=str(metadata.get("operation_id", "")),
-            external_id=str(event.object.get("id", "")),
+            operation_id=event_operation_id(metadata.get("operation_id"), what="Stripe"),
+            external_id=event.object_id,
             status=EVENT_STATUS.get(event.type),
             created_at=event.created_at,
             data=_facts(event.object),

@@ -105,6 +105,7 @@ class SignedEvent:
     id: str
     type: str
     object: dict[str, Any]
+    object_id: str
     created_at: datetime | None
     body: dict[str, Any]
 
@@ -155,6 +156,17 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def event_operation_id(value: Any, *, what: str) -> str:
+    """The operation id a signed event's object carries. Ours, and optional (an object made
+    outside the console carries none): absent or null, a field left unset, names none, never
+    the operation "None". Any other non-text is not the provider's shape: refused (400)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise WebhookSignatureError(f"signed {what} event has an operation id that is not text")
+    return value
+
+
 def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
     """The common envelope `{"id", "type", "created", "data": {"object": …}}` of a body whose
     signature was already verified. Signed but malformed is refused like a bad signature:
@@ -178,9 +190,14 @@ def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
     # id-less event its "duplicate", answered 200 and never applied.
     if not isinstance(event_id, str) or not event_id.strip() or len(event_id) > EVENT_ID_MAX:
         raise WebhookSignatureError(f"signed {what} event has no usable id")
-    too_long = (len(str(event.get("type", ""))) > EVENT_TYPE_MAX
-                or len(str(obj.get("id", ""))) > EVENT_ID_MAX)
-    if too_long:
+    # The object's id is how the engine tells the operation's object from a second one
+    # carrying its id, and every object of these providers has one: a null read as the
+    # object "None", or an event naming no object that settled an operation, would let the
+    # next payment reported for it pass for its own.
+    object_id = obj.get("id")
+    if not isinstance(object_id, str) or not object_id.strip():
+        raise WebhookSignatureError(f"signed {what} event names no object id")
+    if len(str(event.get("type", ""))) > EVENT_TYPE_MAX or len(object_id) > EVENT_ID_MAX:
         raise WebhookSignatureError(f"signed {what} event has a type or object id too long")
     created = event.get("created")
     try:
@@ -192,6 +209,7 @@ def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
         id=event_id,
         type=str(event.get("type", "")),
         object=obj,
+        object_id=object_id,
         created_at=created_at,
         body=event,
     )

@@ -350,6 +350,28 @@ def _provider_event(provider: str, *, event_id: str, obj: dict) -> bytes:
                        "created": int(time.time()), "data": {"object": obj}}).encode()
 
 
+def _unknown_op(acme, provider: str) -> Operation:
+    """An operation of `provider` whose call's answer was lost: what an event settles."""
+    from tests.operations.engine_helpers import make_unknown, prepared_payment
+
+    if provider == "payments":
+        return make_unknown(prepared_payment(acme))
+    action, payload = {
+        "crm": ("crm.create_deal", {"name": "Renewal", "amount_minor": 100000,
+                                    "currency": "EUR", "owner": "dana"}),
+        "mail": ("mail.send", {"to": "cfo@acme.test", "template": "receipt",
+                               "params": {"invoice": "inv_42"}}),
+    }[provider]
+    return make_unknown(engine.operation_prepare(tenant=acme, action=action, payload=payload))
+
+
+def _naming(provider: str, operation_id: object) -> dict:
+    """The part of `provider`'s object that names the operation it is about."""
+    return {"payments": {"metadata": {"operation_id": operation_id}},
+            "crm": {"agent_operation_id": operation_id},
+            "mail": {"operation_id": operation_id}}[provider]
+
+
 def _stripe_event(op: Operation, *, event_id: str, status: str) -> bytes:
     """Stripe's event about the async payment's intent (async_payment's sum) now in `status`."""
     return json.dumps({
@@ -525,3 +547,55 @@ def test_it_applies_an_event_delivered_concurrently_once_and_counts_every_delive
     assert op.status == S.SUCCEEDED
     assert op.evidence.filter(kind="webhook", to_status=S.SUCCEEDED).count() == 1
     assert len(payment_posts(op)) == 1 and PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("provider", ["payments", "crm", "mail"])
+@pytest.mark.parametrize("object_id", [None, "", "  ", 42, "absent"])
+def test_it_answers_400_to_a_signed_event_whose_object_has_no_id_and_settles_nothing(
+    client, settings, acme, provider, object_id
+):
+    # The object's id tells the operation's own object from a second one carrying its id:
+    # a null read as the object "None", or none at all, would settle the operation with an
+    # object no later event can be told apart from.
+    op = _unknown_op(acme, provider)
+    obj = {"status": "succeeded", **_naming(provider, op.id)}
+    if object_id != "absent":
+        obj["id"] = object_id
+
+    response = _signed_post(client, settings, provider,
+                            _provider_event(provider, event_id="evt_no_object", obj=obj))
+
+    assert response.status_code == 400
+    assert "names no object id" in response.json()["error"]
+    assert WebhookEvent.objects.count() == 0
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.UNKNOWN, "")
+    assert not op.evidence.filter(kind="webhook").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("provider", ["payments", "crm", "mail"])
+def test_it_reads_a_null_operation_id_as_none_and_refuses_one_that_is_not_text(
+    settings, provider
+):
+    from operations.providers import webhook_verifier_for
+    from operations.providers.base import WebhookSignatureError
+    from operations.providers.signing import hmac_signature_header, stripe_signature_header
+
+    def parsed(operation_id: object):
+        body = _provider_event(provider, event_id="evt_1",
+                               obj={"id": "obj_1", **_naming(provider, operation_id)})
+        if provider == "payments":
+            headers = {"Stripe-Signature": stripe_signature_header(
+                secret=settings.PAYMENTS_WEBHOOK_SECRET, body=body)}
+        else:
+            headers = {f"X-{provider.upper()}-Signature": hmac_signature_header(
+                secret=getattr(settings, f"{provider.upper()}_WEBHOOK_SECRET"), body=body)}
+        return webhook_verifier_for(provider).parse_webhook(headers=headers, body=body)
+
+    # An object made outside the console names no operation: unset, the field is null.
+    assert (parsed(None).operation_id, parsed(None).external_id) == ("", "obj_1")
+    assert parsed("op_1").operation_id == "op_1"
+    with pytest.raises(WebhookSignatureError, match="operation id that is not text"):
+        parsed(42)

@@ -124,6 +124,8 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
     result = "ignored"
     if held:
         result, message = "held", f"held for review: {held}"
+    elif _first_object_reported(op, facts=facts, target=target):
+        return _webhook_object_record(op, facts=facts, data=data)
     elif op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
     elif other_object:
@@ -172,6 +174,38 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
         return "ignored", "ignored: status moved meanwhile"
     _webhook_evidence(op, facts=facts, data=data, message=message)
     return result, message
+
+
+def _first_object_reported(op: Operation, *, facts: WebhookFacts, target: str | None) -> bool:
+    """A succeeded operation that records no object (a person resolved it by evidence text
+    alone, or an answer that named none settled it) and an event, not held, about an object
+    that moved money for it (or is moving it). That object is recorded as the operation's:
+    without one, nothing tells a second effect from ours, and every later payment reported
+    for the operation would be ignored as "already succeeded"."""
+    return bool(
+        op.status == S.SUCCEEDED and not op.external_id and facts.external_id
+        and target in (S.SUCCEEDED, S.ACCEPTED)
+    )
+
+
+def _webhook_object_record(
+    op: Operation, *, facts: WebhookFacts, data: dict[str, Any]
+) -> tuple[str, str]:
+    """Record the event's object on the operation; its status does not change (not applied:
+    whoever settled it, a person or the engine, did so without this event)."""
+    recorded = Operation.objects.filter(
+        id=op.id, status=S.SUCCEEDED, external_id=""
+    ).update(external_id=facts.external_id) == 1
+    if recorded:
+        settled = (
+            f"{op.status} by an operator's decision" if op.resolved_manually
+            else f"already {op.status}"
+        )
+        message = f"ignored: {op.id} is {settled}; it records {facts.external_id} as its object"
+    else:
+        message = f"ignored: {op.id} moved meanwhile"
+    _webhook_evidence(op, facts=facts, data=data, message=message)
+    return "ignored", message
 
 
 def provider_report_held(

@@ -59,6 +59,9 @@ def success_reported_in_flight(
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("amount", "with_reference"), [
     (PAYMENT["amount_minor"], True),  # a second payment of the approved sum
+    # The same, resolved by evidence text alone: the operation records no object until
+    # the provider's event about ours names it.
+    (PAYMENT["amount_minor"], False),
     (PAYMENT["amount_minor"] + 1, False),  # a payment of another sum
 ])
 def test_it_holds_a_second_payment_reported_after_a_person_resolved_the_operation(
@@ -78,6 +81,7 @@ def test_it_holds_a_second_payment_reported_after_a_person_resolved_the_operatio
     )
     sandbox_webhooks_deliver(target_base_url=live_server.url)  # ours: agrees, nothing held
     assert not webhooks_held_for_review(operation=op).exists()
+    assert Operation.objects.get(id=op.id).external_id == ours.id
 
     # Then the provider moves money a second time for this operation (made by hand in its
     # dashboard, or by another integration), and says so.
@@ -358,10 +362,14 @@ def test_it_decides_events_kept_in_flight_against_a_persons_resolution(
     assert (op.status, op.resolved_manually, event.applied) == (outcome, True, False)
     assert [e.event_id for e in webhooks_held_for_review(operation=op)] == (
         ["evt_paid"] if held else [])
+    # The payment that agrees is the one the person's evidence was about: recorded, so
+    # another one reported later reads as a second payment.
+    assert op.external_id == ("" if held else "pi_paid")
     assert event.outcome == (
         f"held for review: the provider reports succeeded (pi_paid); {op.id} stays failed by "
         "an operator's decision" if held
-        else f"ignored: {op.id} is succeeded by an operator's decision")
+        else f"ignored: {op.id} is succeeded by an operator's decision; it records pi_paid "
+        "as its object")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 0
 

@@ -599,3 +599,59 @@ def test_it_reads_a_null_operation_id_as_none_and_refuses_one_that_is_not_text(
     assert parsed("op_1").operation_id == "op_1"
     with pytest.raises(WebhookSignatureError, match="operation id that is not text"):
         parsed(42)
+
+
+def _payment_event(op: Operation, *, event_id: str, intent: str, status: str = "succeeded",
+                   created: int | None = None) -> bytes:
+    """Stripe's event about PaymentIntent `intent` of `op`'s sum, carrying `op`'s id."""
+    return json.dumps({
+        "id": event_id, "object": "event", "type": f"payment_intent.{status}",
+        "created": int(time.time()) if created is None else created,
+        "data": {"object": {"id": intent, "status": status,
+                            "amount": op.payload["amount_minor"],
+                            "currency": op.payload["currency"].lower(),
+                            "metadata": {"operation_id": op.id}}},
+    }).encode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("by_person", [True, False])
+def test_it_records_the_first_payment_reported_on_a_success_without_one_and_holds_a_second(
+    client, settings, acme, operator, by_person
+):
+    from operations.selectors import dashboard_metrics, webhooks_held_for_review
+
+    op = _unknown_op(acme, "payments")
+    if by_person:
+        # Resolved by evidence text alone: no provider reference, so no object recorded.
+        engine.operation_resolve(operation_id=op.id, actor=operator, outcome=S.SUCCEEDED,
+                                 evidence_text="the debit is on the bank statement",
+                                 reason="checked with treasury")
+    else:
+        # Settled by the engine on an answer that named no object.
+        Operation.objects.filter(id=op.id).update(
+            status=S.SUCCEEDED, unknown_since=None, error_code="")
+
+    first, second = (
+        _signed_stripe_post(client, settings, _payment_event(
+            op, event_id=f"evt_{intent}", intent=intent)).json()
+        for intent in ("pi_first", "pi_second")
+    )
+
+    op.refresh_from_db()
+    assert (op.status, op.resolved_manually, op.external_id) == (
+        S.SUCCEEDED, by_person, "pi_first")
+    settled = "succeeded by an operator's decision" if by_person else "already succeeded"
+    assert first == {"result": "ignored",
+                     "detail": f"ignored: {op.id} is {settled}; it records pi_first as its object"}
+    assert second == {"result": "held", "detail": (
+        f"held for review: the provider reports a second effect, pi_second (succeeded), "
+        f"carrying {op.id}" + (", which records pi_first; a person decides" if not by_person
+                               else f"; {op.id} stays succeeded by an operator's decision"))}
+    assert [e.event_id for e in webhooks_held_for_review(operation=op)] == ["evt_pi_second"]
+    assert dashboard_metrics(operator)["held_for_review"] == 1
+    recorded = WebhookEvent.objects.get(event_id="evt_pi_first")
+    assert not recorded.applied and not recorded.needs_review
+    assert op.evidence.filter(
+        kind="webhook", from_status=S.SUCCEEDED, to_status=S.SUCCEEDED,
+        summary__contains="records pi_first as its object").count() == 1

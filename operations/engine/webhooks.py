@@ -232,7 +232,12 @@ def provider_report_held(
                 f"the provider reports {what}; {op.id} stays {op.status} by an operator's "
                 "decision"
             )
-        if target is not None and target != op.status:
+        # The payment's own "processing", made before it succeeded (a retried or late
+        # delivery), trails a person's success as it trails the engine's (succeeded →
+        # accepted is late or out of order): not a contradiction. Another object under way
+        # is a second effect, held above; a disputed operation holds every other outcome.
+        trails = op.status == S.SUCCEEDED and target == S.ACCEPTED
+        if target is not None and target != op.status and not trails:
             # A person's decision stands, but the provider now says otherwise (money may have
             # moved after all): held for that person, loudly, not only a line on a timeline.
             return (

@@ -655,3 +655,50 @@ def test_it_records_the_first_payment_reported_on_a_success_without_one_and_hold
     assert op.evidence.filter(
         kind="webhook", from_status=S.SUCCEEDED, to_status=S.SUCCEEDED,
         summary__contains="records pi_first as its object").count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("decision", "recorded", "intent", "said"), [
+    # Its own payment's "processing", delivered again after a person confirmed the success.
+    (S.SUCCEEDED, "pi_1", "pi_1", "ignored: {op} is succeeded by an operator's decision"),
+    # The same, the person having gone by evidence text alone: it names the payment now.
+    (S.SUCCEEDED, "", "pi_1", "ignored: {op} is succeeded by an operator's decision; it "
+     "records pi_1 as its object"),
+    (S.SUCCEEDED, "pi_1", "pi_other", "held for review: the provider reports a second "
+     "effect, pi_other (accepted), carrying {op}; {op} stays succeeded by an operator's "
+     "decision"),
+    # A disputed operation is a person's open question: any other outcome is theirs to see.
+    (S.DISPUTED, "pi_1", "pi_1", "held for review: the provider reports accepted (pi_1); {op} "
+     "stays disputed by an operator's decision"),
+], ids=["own-payment", "own-payment-unrecorded", "another-payment", "disputed"])
+def test_it_tells_a_processing_event_trailing_a_persons_success_from_another_payment(
+    client, settings, acme, operator, decision, recorded, intent, said
+):
+    from operations.selectors import dashboard_metrics, webhooks_held_for_review
+    from tests.operations.engine_helpers import prepared_payment
+
+    op = prepared_payment(acme)
+    Operation.objects.filter(id=op.id).update(status=S.ACCEPTED, external_id=recorded)
+    if decision == S.SUCCEEDED:
+        op = engine.operation_resolve(operation_id=op.id, actor=operator, outcome=S.SUCCEEDED,
+                                      evidence_text="credit confirmed by the beneficiary",
+                                      reason="checked")
+    else:
+        op = engine.operation_dispute(operation_id=op.id, actor=operator,
+                                      reason="the beneficiary disputes the invoice")
+    # Made by the provider before the person decided: a retried delivery.
+    made = int((op.status_changed_at - timedelta(minutes=10)).timestamp())
+
+    answer = _signed_stripe_post(client, settings, _payment_event(
+        op, event_id="evt_processing", intent=intent, status="processing", created=made)).json()
+
+    held = said.startswith("held")
+    assert answer == {"result": "held" if held else "ignored", "detail": said.format(op=op.id)}
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (decision, "pi_1")
+    event = WebhookEvent.objects.get(event_id="evt_processing")
+    assert (event.applied, event.needs_review) == (False, held)
+    assert list(webhooks_held_for_review(operation=op)) == ([event] if held else [])
+    assert dashboard_metrics(operator)["held_for_review"] == int(held)
+    summary = f"webhook payment_intent.processing {answer['detail']}"
+    assert op.evidence.filter(kind="webhook", summary=summary).count() == 1

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from operations.intents.currencies import currency_exponent, currency_known
 from operations.intents.validation import (
-    CURRENCY_CODE,
     EMAIL_ADDRESS,
     NUMBER_SEPARATORS,
     SCHEMAS,
@@ -23,27 +23,18 @@ from operations.models import Action
 _EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[^\W\d_]{2,}")
 _EMBEDDED_DIGITS = re.compile(rf"\d(?:[\d{NUMBER_SEPARATORS}]*\d)?")
 
-# Minor-unit exponents (ISO 4217) for the currencies that are not 2.
-_EXPONENT = {
-    "JPY": 0,
-    "KRW": 0,
-    "VND": 0,
-    "CLP": 0,
-    "ISK": 0,
-    "BHD": 3,
-    "KWD": 3,
-    "OMR": 3,
-    "JOD": 3,
-    "TND": 3,
-}
-
-
 def major_units(amount_minor: int, currency: str) -> Decimal:
-    """An amount in the currency's own units (ISO 4217 exponent): 1250000 KZT → 12500."""
-    return Decimal(amount_minor).scaleb(-_EXPONENT.get(currency.upper(), 2))
+    """An amount in the currency's own units (ISO 4217 exponent): 1250000 KZT → 12500.
+    A code that is no currency (a journaled intent from before codes were checked) counts
+    its minor units whole: a policy's threshold in major units is then never passed under
+    by a guessed exponent."""
+    return Decimal(amount_minor).scaleb(-(currency_exponent(currency.upper()) or 0))
 
 
 def money_format(amount_minor: int, currency: str) -> str:
+    if currency_exponent(currency.upper()) is None:
+        # Not shown as a sum: any exponent guessed would show the approver another amount.
+        return f"{amount_minor} minor units of {currency or 'no named currency'}"
     return f"{major_units(amount_minor, currency):,f} {currency}"
 
 
@@ -236,7 +227,7 @@ _KEYED_FIELDS: dict[str, FieldShown] = {"patch": _patch_value, "params": _param_
 
 def _patch_amount(patch: Mapping[str, Any], amount_minor: int) -> str:
     currency = patch.get("currency")
-    if isinstance(currency, str) and CURRENCY_CODE.match(currency):
+    if isinstance(currency, str) and currency_known(currency):
         return money_format(amount_minor, currency)
     # The deal keeps its own currency, which the change does not name.
     return f"{amount_minor} in minor units of the deal's currency"

@@ -23,6 +23,7 @@ from operations.intents import (
 )
 from operations.intents.validation import FORMAT_CHARACTERS
 from operations.models import Operation
+from operations.policy import policy_for
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_778812345",
            "amount_minor": 1250000, "currency": "KZT"}
@@ -182,6 +183,34 @@ def test_it_masks_by_default_and_formats_money():
     assert mask_email("anna.smith@example.com") == "a***@example.com"
     assert money_format(500, "JPY") == "500 JPY"
     assert money_format(1234, "KWD") == "1.234 KWD"
+
+
+@pytest.mark.parametrize(("currency", "shown"), [
+    # ISO 4217 exponent 0 (and in Stripe's zero-decimal list): amount=1250000 pays 1,250,000.
+    ("XOF", "1,250,000 XOF"), ("XAF", "1,250,000 XAF"), ("UGX", "1,250,000 UGX"),
+    ("RWF", "1,250,000 RWF"), ("PYG", "1,250,000 PYG"), ("XPF", "1,250,000 XPF"),
+    # Exponent 3.
+    ("IQD", "1,250.000 IQD"), ("LYD", "1,250.000 LYD"),
+])
+def test_it_shows_money_in_the_currencys_own_iso_4217_exponent(currency, shown):
+    # The approver approves the sum shown: a zero-decimal sum read with cents is 100 times
+    # smaller on screen than the payment made.
+    assert money_format(1250000, currency) == shown
+    payment = {**PAYMENT, "currency": currency}
+    assert {r.name: r.value for r in intent_rows(action="payments.create", payload=payment)}[
+        "amount_minor"] == shown
+    assert intent_summary(action="payments.create", payload=payment).startswith(f"Pay {shown} ")
+
+
+def test_it_counts_a_deals_approval_threshold_in_its_currencys_own_units():
+    deal = {"name": "Renewal", "amount_minor": 50_000, "owner": "sam@acme.test"}
+    needs_approval = policy_for("crm.create_deal").requires_approval
+    assert needs_approval({**deal, "currency": "XOF"})  # 50,000 XOF
+    assert not needs_approval({**deal, "currency": "EUR"})  # 500.00 EUR
+    assert not needs_approval({**deal, "currency": "LYD", "amount_minor": 49_999_999})
+    # A journaled intent from before codes were checked: no exponent is guessed for it.
+    assert needs_approval({**deal, "currency": "ZZZ"})
+    assert money_format(1250000, "ZZZ") == "1250000 minor units of ZZZ"
 
 
 def test_it_masks_what_is_personal_inside_a_deal_change_and_nested_mail_params():

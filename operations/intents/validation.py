@@ -10,6 +10,7 @@ from typing import Any
 
 import rfc8785
 
+from operations.intents.currencies import currency_known
 from operations.models import Action
 
 
@@ -26,7 +27,6 @@ class Field:
     minimum: int | None = None
 
 
-CURRENCY_CODE = re.compile(r"^[A-Z]{3}$")
 # An id as providers and the workflow runtime write them (deal_…, cmd_…): safe as one segment
 # of a URL and shown as it is. Bounded by the caller: a deal id to 120, a command id by its
 # column.
@@ -313,7 +313,9 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
         if isinstance(value, str) and _LINE_BREAK.search(value):
             raise IntentError(f"{action}: {name} must be one line (no tabs or line breaks)")
         _plain_json(value, name)
-    if "currency" in fields and not CURRENCY_CODE.match(payload["currency"]):
+    # A code is checked against ISO 4217 itself, not its shape: "ZZZ" would be approved and
+    # shown with no exponent, and refused by the provider only after a person approved it.
+    if "currency" in fields and not currency_known(payload["currency"]):
         raise IntentError(f"{action}: currency must be an ISO 4217 code such as KZT or EUR")
     if action == Action.MAIL_SEND and not EMAIL_ADDRESS.match(payload["to"]):
         raise IntentError(f"{action}: to must be an email address")
@@ -365,7 +367,7 @@ def _deal_patch_validate(patch: Mapping[str, Any], *, action: str) -> None:
             raise IntentError(f"{action}: patch.{name} must be {_kind_word(kind.__name__)}")
         if name == "amount_minor" and value < 0:
             raise IntentError(f"{action}: patch.amount_minor must be at least 0")
-        if name == "currency" and not CURRENCY_CODE.match(value):
+        if name == "currency" and not currency_known(value):
             raise IntentError(f"{action}: patch.currency must be an ISO 4217 code such as EUR")
         if name in ("name", "stage") and not value.strip():
             raise IntentError(f"{action}: patch.{name} must not be empty")

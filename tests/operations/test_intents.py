@@ -106,6 +106,27 @@ def test_it_names_an_unexpected_field_escaped_never_as_it_is(key, named):
 DEAL_CHANGE = {"target": "deal_1", "expected_version": 2, "patch": {"stage": "won"}}
 
 
+@pytest.mark.parametrize("code", [
+    "ZZZ", "ABC", "QQQ",  # three capitals, no currency
+    "XAU", "XDR", "XTS", "XXX",  # in ISO 4217, but gold, a unit of account, test, none
+    "HRK",  # withdrawn (replaced by EUR in 2023)
+])
+def test_it_refuses_a_currency_that_is_no_iso_4217_currency(code):
+    # It would be approved, shown with a guessed exponent, and refused by the provider only
+    # after a person approved it.
+    with pytest.raises(IntentError) as refused:
+        intent_validate(action="payments.create", payload={**PAYMENT, "currency": code})
+    assert str(refused.value) == (
+        "payments.create: currency must be an ISO 4217 code such as KZT or EUR")
+    with pytest.raises(IntentError, match=r"patch\.currency must be an ISO 4217 code"):
+        intent_validate(action="crm.update_deal",
+                        payload={**DEAL_CHANGE, "patch": {"currency": code}})
+    for currency in ("XOF", "IQD", "UGX", "KZT"):
+        intent_validate(action="payments.create", payload={**PAYMENT, "currency": currency})
+        intent_validate(action="crm.update_deal",
+                        payload={**DEAL_CHANGE, "patch": {"currency": currency}})
+
+
 @pytest.mark.parametrize(
     "patch,message",
     [

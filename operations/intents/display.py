@@ -96,8 +96,9 @@ _PERSON_TEXT_NUMBERS = re.compile(
 _PERSON_TEXT_DIGITS = 10
 # An amount is read, not hidden: a sum followed by its currency code ("1500000000 KZT", as
 # the engine writes them), or written with its cents ("12 500 000.00"). Not a code before
-# it: a label ("ACCT 4081…", "PHONE 8701…") reads just like one.
-_CURRENCY_AFTER = re.compile(r" ?[A-Z]{3}(?![A-Za-z])")
+# it: a label ("ACCT 4081…", "PHONE 8701…") reads just like one. Only a currency's code
+# counts after it: any three capitals let "87012345678 SMS" or "… CEO" pass for a sum.
+_CURRENCY_AFTER = re.compile(r" ?(?P<code>[A-Z]{3})(?![A-Za-z])")
 _CENTS = re.compile(r"[.,]\d{2}$")
 # Minor units of any sum an intent may hold (±2^53) have at most 16 digits; a longer run is
 # an account however it is labelled.
@@ -111,8 +112,9 @@ def _person_text_number(match: re.Match[str]) -> str:
     if not digits or sum(c.isdigit() for c in digits) < _PERSON_TEXT_DIGITS:
         return match.group()
     text, end = match.string, match.end()
+    currency = _CURRENCY_AFTER.match(text, end)
     amount_like = sum(c.isdigit() for c in digits) <= _AMOUNT_DIGITS and bool(
-        _CURRENCY_AFTER.match(text, end) or _CENTS.search(digits)
+        (currency and currency_known(currency.group("code"))) or _CENTS.search(digits)
     )
     if amount_like:
         return digits

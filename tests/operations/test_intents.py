@@ -781,6 +781,11 @@ def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():
      "is for 1600000000 KZT, the approved intent for 1500000000 KZT"),
     ("12 500 000.00 came back", "12 500 000.00 came back"),
     ("account 40817810099910004312 USD", "account ••••4312 USD"),  # too long for a sum
+    # Only a currency's code makes a sum of what stands before it, not any three capitals.
+    ("Customer confirmed via 87012345678 SMS", "Customer confirmed via ••••5678 SMS"),
+    ("Direct line 87012345678 CEO office", "Direct line ••••5678 CEO office"),
+    ("call 8 (701) 234-56-78 VIP client", "call ••••6-78 VIP client"),
+    ("settled 1250000000 XOF", "settled 1250000000 XOF"),
     # A label before a number is no currency, however it is written.
     ("PHONE 87015550199, ACCT 4081781009991000", "PHONE ••••0199, ACCT ••••1000"),
     # Phone numbers as people write them, and IBANs as banks print them, whole or grouped

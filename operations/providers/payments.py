@@ -129,6 +129,16 @@ class PaymentsCreateAdapter:
 
     def params(self, op: OperationSnapshot) -> dict[str, str]:
         payload = op.payload
+        # amount_minor is in ISO 4217 minor units (operations.intents.currencies), as the
+        # approver saw it, and sent as it is. Stripe's unit agrees for every code but two
+        # (docs.stripe.com/currencies, zero-decimal currencies and special cases): ISK is
+        # zero-decimal in ISO 4217 but two-decimal in Stripe's API (100 is one króna, whole
+        # krónur only), so 500 ISK approved would pay 5 ISK; MGA is two-decimal in ISO 4217
+        # but zero-decimal in Stripe's, so 12.50 MGA approved would pay 1,250 MGA. Not
+        # converted here yet: an ariary fraction has no Stripe amount and needs a refusal
+        # before approval, and a payment in flight would be resent under its key with
+        # another amount. HUF and TWD differ only for payouts; the three-decimal currencies
+        # agree but Stripe wants their last digit 0.
         params = {
             "amount": str(int(payload["amount_minor"])),
             "currency": str(payload["currency"]).lower(),

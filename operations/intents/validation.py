@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -319,6 +320,15 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
         raise IntentError(f"{action}: currency must be an ISO 4217 code such as KZT or EUR")
     if action == Action.MAIL_SEND and not EMAIL_ADDRESS.match(payload["to"]):
         raise IntentError(f"{action}: to must be an email address")
+    # Both are shown as they are on every masked page: an address in one would be too.
+    if action == Action.MAIL_SEND and (
+        len(payload["template"]) > 100 or not IDENTIFIER.fullmatch(payload["template"])
+    ):
+        raise IntentError(
+            f"{action}: template must be the template's name (letters, digits and _ . : - only)"
+        )
+    if action == Action.PAYMENTS_CREATE and "@" in payload["invoice_id"]:
+        raise IntentError(f"{action}: invoice_id must be the invoice's reference, not an address")
     if action == Action.CRM_UPDATE_DEAL:
         if len(payload["target"]) > 120 or not IDENTIFIER.fullmatch(payload["target"]):
             raise IntentError(
@@ -337,11 +347,20 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     if action == Action.CRM_UPDATE_DEAL:
         one_line += [(f"patch.{name}", value) for name, value in payload["patch"].items()]
     for name, value in one_line:
-        invisible = _invisible_named(value, field=name) if isinstance(value, str) else ""
+        if not isinstance(value, str):
+            continue
+        invisible = _invisible_named(value, field=name)
         if invisible:
             raise IntentError(
                 f"{action}: {name} holds an invisible character ({invisible}) "
                 "that would make two different values read alike"
+            )
+        # "José" with its accent composed or written apart reads the same on the card, but
+        # hashes, and names a payee at the provider, differently: one form only, the usual.
+        if not unicodedata.is_normalized("NFC", value):
+            raise IntentError(
+                f"{action}: {name} is not in Unicode NFC form (a letter and its accent written "
+                "apart), which would make two different values read alike"
             )
     return dict(payload)
 

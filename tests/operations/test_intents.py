@@ -77,6 +77,8 @@ def test_it_binds_the_policy_version_into_the_hash():
         ({**PAYMENT, "invoice_id": "order 12345 4111 1111 1111 1111"}, "card number"),
         ({**PAYMENT, "invoice_id": "4111.1111.1111.1111"}, "card number"),
         ({**PAYMENT, "amount_minor": 2**53}, "integers must be within"),
+        # Shown as it is on every masked page: an address there would be shown whole.
+        ({**PAYMENT, "invoice_id": "bob.smith@example.com"}, "the invoice's reference"),
     ],
 )
 def test_it_refuses_a_bad_payment_intent_with_a_clear_error(payload, message):
@@ -719,6 +721,13 @@ def test_it_masks_an_email_address_whatever_letters_its_top_level_domain_is_in(t
          "patch.owner holds an invisible character (U+2060)"),
         ("crm.create_deal", {**DEAL, "name": "Renewal\u200b"},
          "name holds an invisible character (U+200B)"),
+        # Composed and decomposed "José" read alike, and hash and pay differently.
+        ("payments.create",
+         {**PAYMENT, "beneficiary_id": unicodedata.normalize("NFD", "vendor_José")},
+         "beneficiary_id is not in Unicode NFC form"),
+        ("crm.update_deal",
+         {**DEAL_CHANGE, "patch": {"owner": unicodedata.normalize("NFD", "josé@example.com")}},
+         "patch.owner is not in Unicode NFC form"),
     ],
 )
 def test_it_refuses_control_characters_in_an_intent(action, payload, said):
@@ -799,3 +808,20 @@ def test_it_refuses_an_intent_nested_deeper_than_a_person_reviews():
 ])
 def test_it_masks_addresses_and_long_numbers_in_what_a_person_typed(typed, shown):
     assert mask_person_text(typed) == shown
+
+
+@pytest.mark.parametrize("template", [
+    "reset for anna.k@example.com", "invoice paid", "x" * 101,
+])
+def test_it_refuses_a_mail_template_that_is_not_a_templates_name(template):
+    """The template is shown as it is on every masked page, the approval card's summary
+    first: an address written there was shown whole to everyone."""
+    with pytest.raises(IntentError, match="template must be the template's name"):
+        intent_validate(action="mail.send", payload={
+            "to": "anna@example.com", "template": template, "params": {}})
+
+
+def test_it_takes_a_name_in_its_composed_form_as_it_was_sent():
+    """NFC, the form nearly every keyboard and system writes, passes unchanged."""
+    payload = {**PAYMENT, "beneficiary_id": unicodedata.normalize("NFC", "vendor_José")}
+    assert intent_validate(action="payments.create", payload=payload) == payload

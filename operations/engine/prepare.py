@@ -63,6 +63,8 @@ def operation_prepare(
     say which operation it supersedes.
     """
     payload = intent_validate(action=action, payload=payload)
+    if problem := adapter_for(action).intent_problem(payload):
+        raise IntentError(problem)
     # Lineage never crosses tenants: a run's page lists its operations, and must never show
     # another tenant's there.
     if run is not None and run.tenant_id != tenant.id:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from operations.intents.currencies import currency_exponent, currency_known
+from operations.currencies import currency_exponent, currency_known
 from operations.intents.validation import (
     EMAIL_ADDRESS,
     NUMBER_SEPARATORS,

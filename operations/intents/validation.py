@@ -11,7 +11,7 @@ from typing import Any
 
 import rfc8785
 
-from operations.intents.currencies import currency_known
+from operations.currencies import currency_known
 from operations.models import Action
 
 

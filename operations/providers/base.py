@@ -225,6 +225,12 @@ class ProviderAdapter(Protocol):
         INCONCLUSIVE (the provider could not be asked)."""
         ...
 
+    def intent_problem(self, payload: Mapping[str, Any]) -> str:
+        """Why a valid intent still cannot be sent to this provider as it is (an amount its
+        API has no unit for); empty when it can. Asked when the intent is prepared, before
+        anyone approves what could never be carried out."""
+        ...
+
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
         """Why an object the provider reports for this operation (found, named by a webhook,
         or given as a reference) is not the effect its intent describes; empty when nothing

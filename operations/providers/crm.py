@@ -166,6 +166,9 @@ class CrmCreateDealAdapter:
             external_id=str(deals[0]["id"]), matches=deals, result=deals[0], **common,
         )
 
+    def intent_problem(self, payload: Mapping[str, Any]) -> str:
+        return ""
+
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
         # A deal is people's to edit in the CRM after it was created (its name, amount and
         # owner): a deal that differs from the intent proves nothing against it.
@@ -238,6 +241,9 @@ class CrmUpdateDealAdapter:
                 reason=f"deal {target} has not applied this operation",
             )
         return found
+
+    def intent_problem(self, payload: Mapping[str, Any]) -> str:
+        return ""
 
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
         # The deal as it is now carries every later change too: its current fields say

@@ -151,6 +151,9 @@ class MailSendAdapter:
             **common,
         )
 
+    def intent_problem(self, payload: Mapping[str, Any]) -> str:
+        return ""
+
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
         # What the journal keeps of a message is its id and status, never its recipient or
         # parameters (personal data): nothing of it can contradict the intent.

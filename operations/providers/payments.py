@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from operations.currencies import currency_exponent
 from operations.providers.base import (
     CallOutcome,
     CallResult,
@@ -97,6 +98,32 @@ def _attempted_intent(answer: Answer) -> Mapping[str, Any] | None:
     return intent
 
 
+# An intent's amount_minor is in ISO 4217 minor units, as the approver reads it. Stripe's API
+# counts amounts in its own unit per currency (docs.stripe.com/currencies): none for its
+# zero-decimal currencies, thousandths for its three-decimal ones, hundredths for the rest.
+# They differ from ISO 4217 for ISK (zero-decimal in ISO, hundredths at Stripe: 100 is one
+# króna), MGA (two decimals in ISO, none at Stripe), IQD and LYD (three in ISO, two at
+# Stripe): sent as they are, 500 ISK approved would pay 5 ISK.
+STRIPE_ZERO_DECIMAL = frozenset({
+    "BIF", "CLP", "DJF", "GNF", "JPY", "KMF", "KRW", "MGA", "PYG", "RWF", "UGX", "VND", "VUV",
+    "XAF", "XOF", "XPF",
+})
+STRIPE_THREE_DECIMAL = frozenset({"BHD", "JOD", "KWD", "OMR", "TND"})
+
+
+def stripe_amount(amount_minor: int, currency: str) -> int | None:
+    """The amount in Stripe's unit for the currency, or None where it has none (a fraction
+    of an ariary, which Stripe cannot charge)."""
+    code = currency.upper()
+    stripe = 0 if code in STRIPE_ZERO_DECIMAL else 3 if code in STRIPE_THREE_DECIMAL else 2
+    iso = currency_exponent(code)
+    shift = stripe - (stripe if iso is None else iso)
+    if shift >= 0:
+        return amount_minor * 10**shift
+    unit = 10**-shift
+    return amount_minor // unit if amount_minor % unit == 0 else None
+
+
 class PaymentsCreateAdapter:
     @property
     def contract(self) -> ToolContract:
@@ -129,18 +156,9 @@ class PaymentsCreateAdapter:
 
     def params(self, op: OperationSnapshot) -> dict[str, str]:
         payload = op.payload
-        # amount_minor is in ISO 4217 minor units (operations.intents.currencies), as the
-        # approver saw it, and sent as it is. Stripe's unit agrees for every code but two
-        # (docs.stripe.com/currencies, zero-decimal currencies and special cases): ISK is
-        # zero-decimal in ISO 4217 but two-decimal in Stripe's API (100 is one króna, whole
-        # krónur only), so 500 ISK approved would pay 5 ISK; MGA is two-decimal in ISO 4217
-        # but zero-decimal in Stripe's, so 12.50 MGA approved would pay 1,250 MGA. Not
-        # converted here yet: an ariary fraction has no Stripe amount and needs a refusal
-        # before approval, and a payment in flight would be resent under its key with
-        # another amount. HUF and TWD differ only for payouts; the three-decimal currencies
-        # agree but Stripe wants their last digit 0.
         params = {
-            "amount": str(int(payload["amount_minor"])),
+            # Checked representable when the intent was prepared (intent_problem).
+            "amount": str(stripe_amount(int(payload["amount_minor"]), str(payload["currency"]))),
             "currency": str(payload["currency"]).lower(),
             "confirm": "true",
             "metadata[operation_id]": op.id,
@@ -185,14 +203,21 @@ class PaymentsCreateAdapter:
             error_message=result.error_message if failed else "",
         )
 
+    def intent_problem(self, payload: Mapping[str, Any]) -> str:
+        if stripe_amount(int(payload["amount_minor"]), str(payload["currency"])) is None:
+            return (f"payments.create: the payments provider takes {payload['currency']} in "
+                    "whole units only; the amount has a fraction")
+        return ""
+
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
         # A payment can carry this operation's id and still move another sum: one made by
         # hand in the provider's dashboard, or under this key by something else. It is not
         # the approved effect, and settling the operation with it would hide that. What the
         # provider does not report (an event without the object's amount) contradicts nothing.
         amount, currency = facts.get("amount"), str(facts.get("currency") or "").lower()
-        expected_amount = int(payload["amount_minor"])
         expected_currency = str(payload["currency"]).lower()
+        # The provider reports its own unit (stripe_amount); the message says the intent's.
+        expected_amount = stripe_amount(int(payload["amount_minor"]), expected_currency)
         if (amount is None or amount == expected_amount) and (
             not currency or currency == expected_currency
         ):

@@ -781,6 +781,51 @@ def test_it_judges_a_payment_by_the_sum_and_currency_the_provider_reports():
     assert judged(amount=999) != ""
 
 
+@pytest.mark.parametrize(("currency", "amount_minor", "sent"), [
+    ("EUR", 12_500, 12_500),
+    ("JPY", 12_500, 12_500),
+    ("KWD", 12_500, 12_500),
+    # ISO 4217 minor units, as the approver read them, against Stripe's unit: ISK is
+    # zero-decimal in ISO and counted in hundredths at Stripe; MGA two-decimal in ISO and
+    # zero-decimal at Stripe; IQD three-decimal in ISO and two at Stripe.
+    ("ISK", 500, 50_000),
+    ("MGA", 125_000, 1_250),
+    ("IQD", 12_500, 1_250),
+], ids=["EUR", "JPY", "KWD", "ISK", "MGA", "IQD"])
+def test_it_sends_the_approved_sum_in_the_providers_unit_and_judges_it_so(
+    sandbox, currency, amount_minor, sent
+):
+    """500 ISK approved was sent as amount=500, which Stripe reads as 5 ISK."""
+    op = snapshot("payments.create", {"amount_minor": amount_minor, "currency": currency,
+                                      "invoice_id": "inv_42", "beneficiary_id": "ben_7"})
+
+    result = PAYMENTS.call(op)
+
+    assert result.outcome is CallOutcome.SUCCEEDED
+    assert PaymentIntent.objects.get().amount == sent
+    # What the provider reports back is the approved sum, not another.
+    assert PAYMENTS.disagreement(payload=op.payload, facts=result.result) == ""
+    assert PAYMENTS.disagreement(
+        payload=op.payload, facts={**result.result, "amount": amount_minor + 1}) != ""
+
+
+@pytest.mark.django_db
+def test_it_refuses_to_prepare_a_sum_the_payments_provider_has_no_unit_for(acme):
+    """Stripe charges MGA in whole ariary: 12.34 MGA could only be refused after approval."""
+    from operations.engine import operation_prepare
+    from operations.intents import IntentError
+    from operations.models import Operation
+
+    with pytest.raises(IntentError, match="takes MGA in whole units only"):
+        operation_prepare(tenant=acme, action="payments.create", payload={
+            "invoice_id": "inv_1", "beneficiary_id": "ben_7", "amount_minor": 1_234,
+            "currency": "MGA"})
+    assert not Operation.objects.exists()
+    operation_prepare(tenant=acme, action="payments.create", payload={
+        "invoice_id": "inv_1", "beneficiary_id": "ben_7", "amount_minor": 1_200,
+        "currency": "MGA"})
+
+
 def test_it_accepts_a_stripe_signature_by_any_secret_in_rotation_and_no_other(settings):
     # While a secret rolls over Stripe signs with both: the header carries one v1= per secret,
     # and the one made with ours may come second.

@@ -20,7 +20,12 @@ from operations.models import Action
 # An address inside longer text ("Renewal for jane.doe@example.com"), and a long run of
 # digits there (an account or phone number): masked where they stand. A top-level domain is
 # any letters, not only Latin ones (.рф, .中国).
-_EMBEDDED_EMAIL = re.compile(r"[^@\s,;:<>()\[\]\"']+@[^@\s,;:<>()\[\]\"']+\.[^\W\d_]{2,}")
+_EMAIL_CHAR = r"[^@\s,;:<>()\[\]\"']"
+_EMAIL_HERE = re.compile(rf"{_EMAIL_CHAR}++@{_EMAIL_CHAR}+\.[^\W\d_]{{2,}}")
+# Tried only where a run of address characters begins: from inside a run the address would
+# reach the same "@" and the same domain, so it fails where the run's start failed. Tried
+# from every one, a valid deal name ("aaaa…@a.a.a.…") cost seconds per render, quadratic.
+_EMBEDDED_EMAIL = re.compile(rf"(?<!{_EMAIL_CHAR}){_EMAIL_HERE.pattern}")
 _EMBEDDED_DIGITS = re.compile(rf"\d(?:[\d{NUMBER_SEPARATORS}]*\d)?")
 
 def major_units(amount_minor: int, currency: str) -> Decimal:
@@ -68,7 +73,19 @@ def mask_text(value: str) -> str:
 
 
 def _emails_masked(text: str) -> str:
-    return _EMBEDDED_EMAIL.sub(lambda m: mask_email(m.group()), text)
+    parts: list[str] = []
+    done = 0
+    while True:
+        # Right after an address the next may begin inside the same run
+        # ("a@x.com/b@y.org"), where _EMBEDDED_EMAIL does not look: tried there once.
+        found = (_EMAIL_HERE.match(text, done) if done else None) or _EMBEDDED_EMAIL.search(
+            text, done
+        )
+        if found is None:
+            parts.append(text[done:])
+            return "".join(parts)
+        parts += [text[done : found.start()], mask_email(found.group())]
+        done = found.end()
 
 
 def mask_inline(text: str) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 import unicodedata
 
 import pytest
@@ -691,10 +692,25 @@ def test_it_masks_a_beneficiary_named_by_email_and_cuts_an_account_to_its_last_f
         ("Renewal for ivan.petrov@пример.рф", "Renewal for i***@пример.рф"),
         ("Renewal for li.wei@例子.中国", "Renewal for l***@例子.中国"),
         ("Renewal for jane.doe@example.com", "Renewal for j***@example.com"),
+        # The next address begins where the last one's domain ends, with nothing between.
+        ("jane@example.com/bob@example.org", "j***@example.com/***@example.org"),
     ],
 )
 def test_it_masks_an_email_address_whatever_letters_its_top_level_domain_is_in(text, masked):
     assert mask_inline(text) == masked
+
+
+def test_it_masks_a_deal_name_in_time_linear_in_its_length():
+    # Letters, an "@", then "a." pairs: a valid name, under the size limit, that the address
+    # pattern retried from every position of and took seconds to mask per render.
+    deal = {**DEAL, "name": "a" * 16000 + "@" + "a." * 7900 + "1"}
+    intent_validate(action="crm.create_deal", payload=deal)
+    started = time.monotonic()
+    summary = intent_summary(action="crm.create_deal", payload=deal)
+    rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
+    assert time.monotonic() - started < 1.0
+    # No address in it (no letters after its last dot): shown as it is.
+    assert rows["name"] == deal["name"] and f"“{deal['name']}”" in summary
 
 
 @pytest.mark.parametrize(

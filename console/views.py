@@ -58,9 +58,26 @@ def _audit_value(value: Any) -> str:
 
 
 def _audit_json(value: Any) -> str:
-    """A nested before/after value as text, for the page and the export alike. Unescaped:
-    "\\u043f…" is no address a mask can find (anna@почта.рф), and no one can read it."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    """A nested before/after value as text, masked, for the page and the export alike. Each
+    string is masked before the value is written as JSON: written first, its escapes hide
+    what they stand next to (a phone number typed on a new line follows "\\n", and the "n"
+    joins it to a word), and "\\u043f…" is no address a mask can find (anna@почта.рф)."""
+    return json.dumps(_masked(value), sort_keys=True, ensure_ascii=False)
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_person_text(value)
+    if isinstance(value, list):
+        return [_masked(inner) for inner in value]
+    if isinstance(value, dict):
+        # A key can hold what a value can (an address, a phone number).
+        return {mask_person_text(key): _masked(inner) for key, inner in value.items()}
+    if isinstance(value, int) and not isinstance(value, bool):
+        # An account or phone number stored as a JSON number is still one.
+        shown = mask_person_text(str(value))
+        return value if shown == str(value) else shown
+    return value
 
 
 def audit_changes(before: Any, after: Any) -> list[AuditChange]:
@@ -77,7 +94,9 @@ def audit_changes(before: Any, after: Any) -> list[AuditChange]:
     for name in [*old, *(name for name in new if name not in old)]:
         was = _audit_value(old[name]) if name in old else None
         now = _audit_value(new[name]) if name in new else None
-        if was is not None and was == now:
+        # Compared as stored too: a nested value is shown masked, and two accounts masked
+        # alike ("••••4312") are still a change.
+        if was is not None and was == now and old[name] == new[name]:
             was = None  # unchanged: shown once
         changes.append(AuditChange(field=name, before=was, after=now))
     return changes
@@ -170,10 +189,6 @@ def _cell(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-def _masked_json(value: Any) -> str:
-    return mask_person_text(_audit_json(value))
-
-
 def _csv_rows(events) -> Iterator[list[str]]:
     yield ["id", "time", "actor", "tenant", "action", "object_type", "object_id", "reason",
            "before", "after"]
@@ -188,8 +203,8 @@ def _csv_rows(events) -> Iterator[list[str]]:
             # account number, and the export is read by whoever gets the file.
             _cell(event.object_type), _cell(event.object_id),
             _cell(mask_person_text(event.reason)),
-            "" if event.before is None else _cell(_masked_json(event.before)),
-            "" if event.after is None else _cell(_masked_json(event.after)),
+            "" if event.before is None else _cell(_audit_json(event.before)),
+            "" if event.after is None else _cell(_audit_json(event.after)),
         ]
 
 

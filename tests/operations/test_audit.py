@@ -556,3 +556,39 @@ def test_it_keeps_a_formula_out_of_the_tenant_cell_of_the_export(auditor):
     cells = dict(zip(header, row, strict=True))
     assert cells["tenant"] == "'-1-1"
     assert [cell for cell in row if cell.startswith(("-", *FORMULA_STARTS))] == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("joint", ["\n", "\t", "\r\n"])
+def test_it_masks_a_phone_number_typed_on_a_new_line_in_the_export_as_on_the_page(
+    acme, auditor, joint
+):
+    import json
+
+    from tests.helpers import signed_in
+
+    # Evidence is typed in a textarea. Written as JSON before its mask, the line break
+    # became "\n", whose "n" joined the number after it to a word: exported whole.
+    typed = f"Called the client{joint}87012345678 and she confirmed"
+    audit_event_record(actor=auditor, action="operation.resolve_failed_refused", tenant=acme,
+                       object_type="operation", object_id="op_typed", reason=typed,
+                       after={"outcome": "failed", "evidence": typed, "call": {"notes": [typed]}})
+    client = signed_in(auditor)
+
+    (header, row) = _exported(client.get("/audit.csv", {"object": "op_typed"}))
+    cells = dict(zip(header, row, strict=True))
+    masked = f"Called the client{joint}••••5678 and she confirmed"
+    assert cells["reason"] == masked
+    assert json.loads(cells["after"]) == {
+        "outcome": "failed", "evidence": masked, "call": {"notes": [masked]},
+    }
+    page = client.get("/audit/", {"object": "op_typed"}).content.decode()
+    assert "87012345678" not in page and "••••5678" in page
+
+
+def test_it_shows_a_change_between_two_nested_values_masked_alike():
+    from console.views import audit_changes
+
+    (change,) = audit_changes({"to": {"account": "40817810099910004312"}},
+                              {"to": {"account": "40817810099920004312"}})
+    assert change.before == change.after == '{"account": "••••4312"}'

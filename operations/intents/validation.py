@@ -141,8 +141,10 @@ def _luhn_ok(digits: str) -> bool:
 
 
 def _field_words(name: str) -> str:
-    """`userPassword`, `user-password`, `user.password` → `user_password`."""
-    return re.sub(r"[^a-z0-9]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower())
+    """`userPassword`, `user-password`, `user.password` → `user_password`; an acronym ends
+    where a capitalised word begins: `DBPassword`, `APIToken` → `db_password`, `api_token`."""
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+    return re.sub(r"[^a-z0-9]+", "_", words.lower())
 
 
 def _holds_card_number(text: str) -> bool:

@@ -171,6 +171,7 @@ def test_it_refuses_a_deal_target_that_is_not_one_deals_id(target):
         ({"tokenizer": "x"}, False),
         ({"secretary": "x"}, False),  # begins like "secret", is not one
         ({"sku": "sk-winter-sale-2026-blue-large"}, False),  # begins like a key, is not one
+        ({"APIVersion": "2026-01", "SKUToken_count": 3}, False),  # an acronym, then no secret
     ],
 )
 def test_it_tells_secret_fields_from_words_that_end_alike(params, refused):
@@ -489,7 +490,10 @@ def test_it_refuses_an_intent_outside_its_schema(action, payload, message):
     ["password", "passwd", "secret", "token", "api_key", "apikey", "card_number", "cardNumber",
      "pan", "cvv", "cvc", "iban_full", "card.cvv", "Card-CVC",
      # "secret" as any word of the name, not only the last one.
-     "secret_key", "secretKey", "client_secret", "secret_token_id", "private_key", "privateKey"],
+     "secret_key", "secretKey", "client_secret", "secret_token_id", "private_key", "privateKey",
+     # Led by an acronym, as dbPassword and db_password are refused.
+     "DBPassword", "SMTPPassword", "APIToken", "JWTToken", "APISecret", "RSAPrivateKey",
+     "AWSSecretKey"],
 )
 def test_it_refuses_every_field_named_like_a_secret_or_card_data(name):
     with pytest.raises(IntentError, match="a field named like a secret"):

@@ -114,12 +114,35 @@ _SECRET_VALUES = (
         re.compile(r"\bsk-(?:(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}|[A-Za-z0-9]{20,})"),
         "an API secret key",
     ),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
+    # PEM's "-----BEGIN RSA PRIVATE KEY-----" and OpenPGP's "… PRIVATE KEY BLOCK-----".
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"), "a private key"),
     (re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]{16,}"), "a bearer token"),
+    # The scheme is any case (RFC 9110 11.1), as curl commands and logs write it; in any case
+    # but its own, a token has a digit: "a bearer of good news" or a long word is not one.
+    (
+        re.compile(r"\b(?i:bearer)\s+(?=[A-Za-z\-._~+/]*[0-9])[A-Za-z0-9\-._~+/]{16,}"),
+        "a bearer token",
+    ),
+    # A user and password in base64; named by its header, since "basic" alone is a word.
+    (
+        re.compile(
+            r"(?i:\bauthorization\s*:\s*basic)\s+"
+            r"(?:[A-Za-z0-9+/]{4}){2,}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?(?![\w+/=])"
+        ),
+        "basic credentials",
+    ),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), "a JWT"),
     (re.compile(r"\b(ghp|gho|github_pat)_[A-Za-z0-9_]{20,}"), "an access token"),
     (re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}"), "an access token"),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "a cloud access key"),
+    # A long-term key id (AKIA…) or a temporary one (ASIA…, from STS).
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "a cloud access key"),
+    # scheme://user:password@host: a URL with a password in it ("https://host/a@b" and
+    # "mailto:a@b" have none). The scheme is bounded: unbounded, it is scanned again from
+    # every word boundary of a long "a.a.a…" (a third of a second for one intent's size).
+    (
+        re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s/?#:@]+:[^\s/?#@]+@"),
+        "a URL with a password",
+    ),
 )
 # Digits in groups, however they are separated: "4111 1111 1111 1111", "4111 - 1111 - …".
 _DIGIT_GROUPS = re.compile(rf"\d+(?:[{NUMBER_SEPARATORS}]+\d+)*")

@@ -518,12 +518,35 @@ def test_it_refuses_every_field_named_like_a_secret_or_card_data(name):
         ("sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2, "an API secret key"),
         ("sk-ant-api03-" + "Ab3dEf6hIj9kLm2n_Op5qRs8tUv1wXy4z-" * 3, "an API secret key"),
         ("sk-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z", "an API secret key"),
+        ("-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF...", "a private key"),
+        # An authentication scheme is any case (RFC 9110 11.1).
+        ("Authorization: bearer 3f9a8c7d6e5b4a39281716151413", "a bearer token"),
+        ("authorization: BEARER 3f9a8c7d6e5b4a39281716151413", "a bearer token"),
+        ("Authorization: Basic YWRtaW46aHVudGVyMmh1bnRlcjI=", "basic credentials"),
+        ("ASIAIOSFODNN7EXAMPLE", "a cloud access key"),  # a temporary key id, from STS
+        ("https://admin:hunter2hunter2@db.example.com/prod", "a URL with a password"),
+        ("postgres://app:s3cr3t@10.0.0.5:5432/prod", "a URL with a password"),
     ],
 )
 def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
     with pytest.raises(IntentError, match=f"looks like {what}"):
         intent_validate(action="mail.send", payload={**MAIL, "params": {"note": f"x {value}"}})
     assert what in secret_in_text(f"see {value}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a bearer of good news", "the bearer responsibilities.", "Bearer bonds of 2026",
+        "Authorization: basic auth is off for this vendor",
+        "see https://example.com/a@b", "mailto:anna@example.com", "https://anna@example.com/x",
+        "http://example.com:8080/files@2026", "https://example.com?from=a:b@c",
+        "ASIA trip 2026", "-----BEGIN PGP PUBLIC KEY BLOCK-----",
+    ],
+)
+def test_it_accepts_words_and_links_that_only_begin_like_a_secret(text):
+    assert secret_in_text(text) == ""
+    intent_validate(action="mail.send", payload={**MAIL, "params": {"note": text}})
 
 
 @pytest.mark.parametrize("dash", ["\u2010", "\u2015", "\u2212", "\ufe63", "\uff0d"])

@@ -428,6 +428,28 @@ def test_it_refuses_a_payload_python_cannot_read_with_one_error(acme, raw):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
+    ("raw", "action", "named"),
+    [
+        # An override appended to a built payload: json.loads kept the last, silently.
+        ('{"invoice_id": "inv_9182", "beneficiary_id": "vendor_77", "amount_minor": 100, '
+         '"amount_minor": 1250000, "currency": "KZT"}', "payments.create", "'amount_minor'"),
+        # At any depth, and named as every refusal names what was typed.
+        ('{"to": "anna@example.com", "template": "offer", '
+         '"params": {"a\\nb": 1, "a\\nb": 2}}', "mail.send", "'a\\nb'"),
+        ('{"to": "anna@example.com", "template": "offer", "params": '
+         '{"4111 1111 1111 1111": 1, "4111 1111 1111 1111": 2}}', "mail.send",
+         "<not repeated: looks like card data or a secret>"),
+    ],
+)
+def test_it_refuses_a_payload_that_names_a_key_twice(acme, raw, action, named):
+    with pytest.raises(CommandError) as refused:
+        _run(*prepare_args(raw, action=action))
+    assert str(refused.value) == f"--payload names the key {named} more than once"
+    assert not Operation.objects.exists() and not AuditEvent.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
     "args",
     [
         # What Python makes of a byte that is not UTF-8 in argv (surrogateescape).

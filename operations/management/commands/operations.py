@@ -46,6 +46,19 @@ def _typed(value: str) -> str:
     return repr(value)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of --payload, refused if it names a key twice. The intent is hashed as
+    RFC 8785 canonical JSON, made for I-JSON, whose member names are unique; json.loads
+    keeps the last of two silently, so a payload built by appending an override would be
+    prepared, hashed and approved as other than the intent its text reads as first."""
+    members: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in members:
+            raise CommandError(f"--payload names the key {_typed(key)} more than once")
+        members[key] = value
+    return members
+
+
 def _text_arguments_check(options: dict[str, Any]) -> None:
     """An argument that is not UTF-8 (a stray byte in a pasted id) reached the database
     driver as a lone surrogate and raised there, a traceback."""
@@ -198,7 +211,7 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"no tenant {_typed(options['tenant'])}")
         try:
-            payload = json.loads(options["payload"])
+            payload = json.loads(options["payload"], object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise CommandError(f"--payload is not valid JSON: {exc}") from exc
         except (ValueError, RecursionError) as exc:

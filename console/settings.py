@@ -26,8 +26,17 @@ from operations.providers.base import sandbox_endpoint
 CONFIG = read_config(os.environ)
 
 
+# The largest value of each kind of number. Generous for any deployment, and small enough
+# that `now() + timedelta(...)` (the engine's leases and re-checks, the lockout's end) can
+# never overflow, which would fail every operation long after a start that looked fine.
+MAX_SECONDS = 10 * 365 * 24 * 3600  # ten years
+MAX_COUNT = 1_000_000_000
+MAX_AMOUNT_MINOR = 10**18  # under the bigint every amount is stored in
+
+
 def _number_env(
-    name: str, default: str, kind: type[int] | type[float], *, positive: bool
+    name: str, default: str, kind: type[int] | type[float], *, positive: bool,
+    maximum: int,
 ) -> Any:
     # Same rule as env.py: a bad value stops the start with one line naming the variable.
     # Every number here is a duration, a count or a limit: none may be negative (nor nan or
@@ -42,15 +51,21 @@ def _number_env(
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         bound = "above 0" if positive else "0 or more"
         raise ConfigError(f"{name}={raw!r} must be {what} {bound}")
+    if value > maximum:
+        raise ConfigError(f"{name}={raw!r} must be at most {maximum}")
     return value
 
 
-def _float_env(name: str, default: str, *, positive: bool = True) -> float:
-    return _number_env(name, default, float, positive=positive)
+def _float_env(
+    name: str, default: str, *, positive: bool = True, maximum: int = MAX_SECONDS
+) -> float:
+    return _number_env(name, default, float, positive=positive, maximum=maximum)
 
 
-def _int_env(name: str, default: str, *, positive: bool = True) -> int:
-    return _number_env(name, default, int, positive=positive)
+def _int_env(
+    name: str, default: str, *, positive: bool = True, maximum: int = MAX_SECONDS
+) -> int:
+    return _number_env(name, default, int, positive=positive, maximum=maximum)
 
 
 def _log_level_env(name: str, default: str) -> str:
@@ -158,8 +173,10 @@ AUTH_PASSWORD_VALIDATORS = [
 # a success before the limit starts the count again). The address is the connection's: behind
 # a front server every sign-in comes from its address, so the lockout is then per username,
 # anyone's wrong guesses included; an admin lifts one with `manage.py axes_reset_username`.
-AXES_FAILURE_LIMIT = _int_env("LOGIN_FAILURE_LIMIT", "5")
-AXES_COOLOFF_TIME = timedelta(minutes=_int_env("LOGIN_LOCKOUT_MINUTES", "15"))
+AXES_FAILURE_LIMIT = _int_env("LOGIN_FAILURE_LIMIT", "5", maximum=MAX_COUNT)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=_int_env("LOGIN_LOCKOUT_MINUTES", "15", maximum=MAX_SECONDS // 60)
+)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # Failures only: every success in a table of its own would grow without end, unread.
@@ -261,7 +278,8 @@ CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 5
 # task_postrun handlers in console/celery.py apply Django's own per-request rule in between
 # (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, never reuse one left in a
 # transaction or after an error), the same rule the web processes follow.
-CELERY_DB_REUSE_MAX = _int_env("CELERY_DB_REUSE_MAX", "1000", positive=False)
+CELERY_DB_REUSE_MAX = _int_env(
+    "CELERY_DB_REUSE_MAX", "1000", positive=False, maximum=MAX_COUNT)
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get(
     "CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule")
 )
@@ -293,7 +311,8 @@ EXECUTE_RECHECK_SECONDS = _int_env("EXECUTE_RECHECK_SECONDS", "60")
 EXECUTE_RECHECK_MAX_SECONDS = _int_env("EXECUTE_RECHECK_MAX_SECONDS", "900")
 # Calls the engine makes on its own for one operation (each after a lookup proved the last
 # one left nothing); past that, a person decides.
-OPERATION_MAX_AUTOMATIC_CALLS = _int_env("OPERATION_MAX_AUTOMATIC_CALLS", "5")
+OPERATION_MAX_AUTOMATIC_CALLS = _int_env(
+    "OPERATION_MAX_AUTOMATIC_CALLS", "5", maximum=MAX_COUNT)
 POLICY_VERSION_OVERRIDES: dict[str, str] = {}
 
 LOGGING = {
@@ -376,7 +395,8 @@ PROVIDER_TIMEOUT_SECONDS = _float_env("PROVIDER_TIMEOUT_SECONDS", "10")
 SANDBOX_ENABLED = _flag_env("SANDBOX_ENABLED", False) or DEBUG
 # Payments at or above this amount stay `processing` until settled, to demo async results.
 SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
-    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000", positive=False)
+    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000", positive=False,
+               maximum=MAX_AMOUNT_MINOR)
 )
 # The sandbox's bank and mail server settle payments and deliver mail this long after they
 # were accepted; its webhooks go to this console.

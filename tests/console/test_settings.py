@@ -55,6 +55,13 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "inf"}, "PROVIDER_TIMEOUT_SECONDS"),
         ({"DEBUG": "1", "OPERATION_MAX_AUTOMATIC_CALLS": "0"}, "OPERATION_MAX_AUTOMATIC_CALLS"),
         ({"DEBUG": "1", "PAYMENTS_SEARCH_LAG_SECONDS": "-10"}, "PAYMENTS_SEARCH_LAG_SECONDS"),
+        # Numbers no clock can hold: the lockout's timedelta overflowed at settings import
+        # (a traceback), the lease and re-check in every operation's execute long after.
+        ({"DEBUG": "1", "LOGIN_LOCKOUT_MINUTES": "100000000000000000"}, "LOGIN_LOCKOUT_MINUTES"),
+        ({"DEBUG": "1", "OPERATION_LEASE_SECONDS": "100000000000000"}, "OPERATION_LEASE_SECONDS"),
+        ({"DEBUG": "1", "EXECUTE_RECHECK_SECONDS": "100000000000000"}, "EXECUTE_RECHECK_SECONDS"),
+        ({"DEBUG": "1", "OPERATION_MAX_AUTOMATIC_CALLS": "10000000000"},
+         "OPERATION_MAX_AUTOMATIC_CALLS"),
         # A real provider whose path says "sandbox" is still a real provider.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "PAYMENTS_API_BASE": "https://pay.example.com/sandbox/v1"}, "PAYMENTS_API_KEY"),
@@ -69,6 +76,22 @@ def test_it_fails_at_start_with_one_line_naming_the_variable(overrides, variable
     assert variable in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+def test_it_takes_numbers_up_to_the_documented_maximum():
+    """Ten years for a duration, a billion for a count: the README's rule, both ends."""
+    ten_years = str(10 * 365 * 24 * 3600)
+    result = run_check(DEBUG="1", OPERATION_LEASE_SECONDS=ten_years,
+                       EXECUTE_RECHECK_SECONDS=ten_years, SECURE_HSTS_SECONDS=ten_years,
+                       LOGIN_LOCKOUT_MINUTES=str(10 * 365 * 24 * 60),
+                       LOGIN_FAILURE_LIMIT="1000000000")
+    assert result.returncode == 0, result.stderr
+    result = run_check(DEBUG="1", OPERATION_LEASE_SECONDS=str(int(ten_years) + 1))
+    assert result.returncode == 3
+    assert result.stderr.strip() == (
+        f"configuration error: OPERATION_LEASE_SECONDS='{int(ten_years) + 1}' "
+        f"must be at most {ten_years}"
+    )
 
 
 PROVIDERS = {

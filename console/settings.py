@@ -9,6 +9,7 @@ import math
 import os
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -365,7 +366,28 @@ def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
     return sandbox_value
 
 
-PAYMENTS_API_BASE = os.environ.get("PAYMENTS_API_BASE", f"{_SANDBOX_BASE}/payments")
+def _api_base_env(name: str, default: str) -> str:
+    # httpx refuses a base with no http(s) scheme or no host only at the first call, and
+    # the transport reports that as a connection error: every effect of that provider would
+    # end unknown, long after a start that looked fine. (Only the scheme is ever shown: a
+    # base may carry credentials.)
+    raw = os.environ.get(name, default)
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in {"http", "https"}:
+        raise ConfigError(
+            f"{name} must be an http(s) URL (https://api.example.com), "
+            f"got scheme {parts.scheme!r}"
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
+    except ValueError as exc:
+        raise ConfigError(f"{name} has a bad port: {exc}") from None
+    if not parts.hostname:
+        raise ConfigError(f"{name} names no host (https://HOST/...)")
+    return raw
+
+
+PAYMENTS_API_BASE = _api_base_env("PAYMENTS_API_BASE", f"{_SANDBOX_BASE}/payments")
 PAYMENTS_API_KEY = _provider_credential(
     "PAYMENTS_API_KEY", "sk_test_sandbox", base=PAYMENTS_API_BASE)
 PAYMENTS_WEBHOOK_SECRET = _provider_credential(
@@ -381,11 +403,11 @@ PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60", po
 # search younger than this after the last moment a call could have landed.
 PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS = _float_env(
     "PAYMENTS_SEARCH_LAG_OUTAGE_SECONDS", "3600", positive=False)
-CRM_API_BASE = os.environ.get("CRM_API_BASE", f"{_SANDBOX_BASE}/crm")
+CRM_API_BASE = _api_base_env("CRM_API_BASE", f"{_SANDBOX_BASE}/crm")
 CRM_API_KEY = _provider_credential("CRM_API_KEY", "crm_sandbox_key", base=CRM_API_BASE)
 CRM_WEBHOOK_SECRET = _provider_credential(
     "CRM_WEBHOOK_SECRET", "whsec_sandbox_crm", base=CRM_API_BASE)
-MAIL_API_BASE = os.environ.get("MAIL_API_BASE", f"{_SANDBOX_BASE}/mail")
+MAIL_API_BASE = _api_base_env("MAIL_API_BASE", f"{_SANDBOX_BASE}/mail")
 MAIL_API_KEY = _provider_credential("MAIL_API_KEY", "mail_sandbox_key", base=MAIL_API_BASE)
 MAIL_WEBHOOK_SECRET = _provider_credential(
     "MAIL_WEBHOOK_SECRET", "whsec_sandbox_mail", base=MAIL_API_BASE)

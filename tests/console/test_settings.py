@@ -25,6 +25,15 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
     )
 
 
+PROVIDERS = {
+    "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x",
+    "PAYMENTS_WEBHOOK_SECRET": "whsec_live_x",
+    "CRM_API_BASE": "https://crm.example.com/api", "CRM_API_KEY": "crm_live",
+    "CRM_WEBHOOK_SECRET": "crm_whsec", "MAIL_API_BASE": "https://mail.example.com/api",
+    "MAIL_API_KEY": "mail_live", "MAIL_WEBHOOK_SECRET": "mail_whsec",
+}
+
+
 @pytest.mark.parametrize(
     ("overrides", "variable"),
     [
@@ -65,6 +74,15 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         # A real provider whose path says "sandbox" is still a real provider.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "PAYMENTS_API_BASE": "https://pay.example.com/sandbox/v1"}, "PAYMENTS_API_KEY"),
+        # A provider base httpx cannot call: refused at start, not at every call.
+        ({**PROVIDERS, "DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "PAYMENTS_API_BASE": "api.stripe.com"}, "PAYMENTS_API_BASE"),
+        ({**PROVIDERS, "DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "PAYMENTS_API_BASE": "api.stripe.com/v1"}, "PAYMENTS_API_BASE"),
+        ({**PROVIDERS, "DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "PAYMENTS_API_BASE": "ftp://api.stripe.com"}, "PAYMENTS_API_BASE"),
+        ({"DEBUG": "1", "CRM_API_BASE": "https:///api"}, "CRM_API_BASE"),
+        ({"DEBUG": "1", "MAIL_API_BASE": "https://mail.example.com:25x/api"}, "MAIL_API_BASE"),
         # The default providers are the sandbox, which is not served with DEBUG off.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com"},
          "PAYMENTS_API_BASE"),
@@ -94,13 +112,6 @@ def test_it_takes_numbers_up_to_the_documented_maximum():
     )
 
 
-PROVIDERS = {
-    "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x",
-    "PAYMENTS_WEBHOOK_SECRET": "whsec_live_x",
-    "CRM_API_BASE": "https://crm.example.com/api", "CRM_API_KEY": "crm_live",
-    "CRM_WEBHOOK_SECRET": "crm_whsec", "MAIL_API_BASE": "https://mail.example.com/api",
-    "MAIL_API_KEY": "mail_live", "MAIL_WEBHOOK_SECRET": "mail_whsec",
-}
 
 
 def test_it_starts_a_demo_deployment_whose_sandbox_reaches_itself_over_loopback():

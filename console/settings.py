@@ -215,7 +215,11 @@ CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 SECURE_SSL_REDIRECT = _flag_env("SECURE_SSL_REDIRECT", True) and not DEBUG
 # Load balancers and orchestrators probe health over plain http.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
-SECURE_HSTS_SECONDS = 0 if DEBUG else _int_env("SECURE_HSTS_SECONDS", "31536000", positive=False)
+# Read whatever DEBUG, like every other value: a typo must stop a development or staging
+# start too, not first the production one.
+SECURE_HSTS_SECONDS = _int_env("SECURE_HSTS_SECONDS", "31536000", positive=False)
+if DEBUG:
+    SECURE_HSTS_SECONDS = 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = False
 SECURE_CONTENT_TYPE_NOSNIFF = True

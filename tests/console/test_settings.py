@@ -55,6 +55,9 @@ PROVIDERS = {
         ({"DEBUG": "1", "OPERATION_LEASE_SECONDS": "thirty"}, "OPERATION_LEASE_SECONDS"),
         ({"DEBUG": "1", "SANDBOX_ENABLED": "maybe"}, "SANDBOX_ENABLED"),
         ({"DEBUG": "1", "SECURE_PROXY_SSL_HEADER": "https"}, "SECURE_PROXY_SSL_HEADER"),
+        # Used only with DEBUG off, checked whatever DEBUG, as SECURE_SSL_REDIRECT is.
+        ({"DEBUG": "1", "SECURE_SSL_REDIRECT": "maybe"}, "SECURE_SSL_REDIRECT"),
+        ({"DEBUG": "1", "SECURE_HSTS_SECONDS": "one year"}, "SECURE_HSTS_SECONDS"),
         ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "10s"}, "PROVIDER_TIMEOUT_SECONDS"),
         # Numbers that pace or bound something: a beat of 0 s sends its sweep hundreds of
         # times a second; a negative or endless timeout is no timeout.

@@ -15,7 +15,7 @@ import sys
 import time
 
 from console import embedded
-from console.env import BASE_DIR, DEVSERVER_STATE, VAR_DIR
+from console.env import BASE_DIR, CONFIG_ERROR_EXIT, DEVSERVER_STATE, VAR_DIR, ConfigError
 
 
 def _say(message: str) -> None:
@@ -53,6 +53,21 @@ def _stop(children: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
+def _worker_concurrency() -> str:
+    # Checked before anything starts: Celery refuses a bad value only after the database
+    # was migrated and the web server and beat were up, with its own usage text.
+    raw = os.environ.get("WORKER_CONCURRENCY", "4")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"WORKER_CONCURRENCY={raw!r} is not a whole number") from None
+    if not 0 < value <= 1_000_000_000:  # the README's bounds for a count
+        raise ConfigError(
+            f"WORKER_CONCURRENCY={raw!r} must be a whole number above 0, at most 1000000000"
+        )
+    return str(value)
+
+
 def _forget_port() -> None:
     # Only our own record: a second `make run` that failed (its port taken) must not take
     # away the first one's.
@@ -65,6 +80,11 @@ def _forget_port() -> None:
 
 def main() -> int:
     port = os.environ.get("PORT", "8000")
+    try:
+        concurrency = _worker_concurrency()
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR_EXIT
     started: list[str] = []
     children: dict[str, subprocess.Popen] = {}
     stopping = False
@@ -94,7 +114,7 @@ def main() -> int:
         children["worker"] = _start(
             "worker",
             [python, "-m", "celery", "-A", "console", "worker", "--loglevel", "INFO",
-             "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4")],
+             "--pool", "threads", "--concurrency", concurrency],
         )
         children["beat"] = _start(
             "beat", [python, "-m", "celery", "-A", "console", "beat", "--loglevel", "INFO"]

@@ -19,7 +19,12 @@ from console.env import BASE_DIR, CONFIG_ERROR_EXIT, DEVSERVER_STATE, VAR_DIR, C
 
 
 def _say(message: str) -> None:
-    print(f"[run] {message}", flush=True)
+    try:
+        print(f"[run] {message}", flush=True)
+    except OSError:
+        # The terminal is gone (SIGHUP; writes to it now fail with EIO): the stop that
+        # follows must still run.
+        pass
 
 
 def _manage(*args: str) -> None:
@@ -95,6 +100,10 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    # Closing the terminal or losing SSH sends SIGHUP instead of Ctrl-C's SIGINT. Its default
+    # kills us before the `finally`, and the children, in sessions of their own, never get
+    # it: web, worker, beat and the embedded servers would run on as orphans.
+    signal.signal(signal.SIGHUP, request_stop)
     try:
         try:
             _, started = embedded.services_up()

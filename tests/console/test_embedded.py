@@ -1,8 +1,61 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from console import embedded
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis(unix_socket_path=str(embedded._redis_socket()), socket_timeout=2,
+                       retry=Retry(NoBackoff(), 0))
+
+
+@pytest.fixture
+def redis_dir(tmp_path, monkeypatch) -> Iterator[Path]:
+    """A var/redis of the test's own: the checkout's (and any embedded server running this
+    very suite) is never touched. Whatever Redis a test started there is shut down through
+    its own socket, never by a pid."""
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    monkeypatch.setattr(embedded, "VAR_DIR", tmp_path)
+    monkeypatch.setattr(embedded, "REDIS_DIR", folder)
+    yield folder
+    client = redis_client()
+    try:
+        client.shutdown(nosave=True)
+    except redis.exceptions.RedisError:
+        pass
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def stale_pid_file(redis_dir) -> Iterator[subprocess.Popen]:
+    """What an unclean stop (kill -9, the OOM killer, a container restart) leaves: the pid
+    file and the socket file, the pid since gone to some other process of ours."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (redis_dir / "redis.pid").write_text(f"{other.pid}\n")
+    embedded._redis_socket().write_text("")
+    yield other
+    other.kill()
+    other.wait()
+
+
+def ping(url: str) -> bool:
+    assert url == f"redis+socket://{embedded._redis_socket()}"
+    client = redis_client()
+    try:
+        return client.ping()
+    finally:
+        client.close()
 
 
 def test_it_stops_the_postgres_it_started_when_redis_cannot_start(monkeypatch):
@@ -29,3 +82,23 @@ def test_it_stops_the_postgres_it_started_when_redis_cannot_start(monkeypatch):
         embedded.services_up()
 
     assert calls == ["postgres up", "postgres down"]
+
+
+def test_it_starts_a_fresh_redis_when_its_pid_file_names_another_process(stale_pid_file):
+    """It took "that pid is alive and the socket file exists" for "our Redis runs", and
+    handed out a broker URL nothing listened on: the worker, beat and every approval's
+    publish then failed to connect."""
+    url = embedded.redis_up()
+
+    assert ping(url)
+    assert embedded._redis_pid() not in {None, stale_pid_file.pid}
+    assert stale_pid_file.poll() is None
+
+
+def test_it_reuses_the_redis_it_started(redis_dir):
+    url = embedded.redis_up()
+    pid = embedded._redis_pid()
+
+    assert embedded.redis_up() == url
+    assert embedded._redis_pid() == pid
+    assert ping(url)

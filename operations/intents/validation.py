@@ -118,9 +118,9 @@ _SECRET_VALUES = (
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"), "a private key"),
     (re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]{16,}"), "a bearer token"),
     # The scheme is any case (RFC 9110 11.1), as curl commands and logs write it; in any case
-    # but its own, a token has a digit: "a bearer of good news" or a long word is not one.
+    # but its own, only after its header: "payable to bearer CHQ-2024-00012345" is a cheque.
     (
-        re.compile(r"\b(?i:bearer)\s+(?=[A-Za-z\-._~+/]*[0-9])[A-Za-z0-9\-._~+/]{16,}"),
+        re.compile(r"(?i:\bauthorization\s*:\s*bearer)\s+[A-Za-z0-9\-._~+/]{16,}"),
         "a bearer token",
     ),
     # A user and password in base64; named by its header, since "basic" alone is a word.

@@ -538,6 +538,7 @@ def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
     "text",
     [
         "a bearer of good news", "the bearer responsibilities.", "Bearer bonds of 2026",
+        "Cheque payable to bearer CHQ-2024-00012345 cleared on 3 Dec",
         "Authorization: basic auth is off for this vendor",
         "see https://example.com/a@b", "mailto:anna@example.com", "https://anna@example.com/x",
         "http://example.com:8080/files@2026", "https://example.com?from=a:b@c",

@@ -106,6 +106,15 @@ def operation_resolve(
                 f"provider until {lands_by:%H:%M:%S} UTC, so nothing can show yet that it "
                 "failed; reconcile after that, or resolve with the provider's reference."
             )
+        if op.external_id:
+            # The provider took the effect and holds its object (an accepted payment still
+            # processing, say): it may yet complete, and a failed intent may be replaced
+            # under a new key, which would pay twice. Only the provider can show it failed.
+            raise TransitionRefused(
+                f"the provider holds {op.external_id} for {op.id}, which may still complete; "
+                "resolve as failed with that reference (its final state is looked up), or "
+                "mark it disputed."
+            )
     verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
     if verified is not None and verified.problem:
         _reference_refusal_record(op, verified, actor=actor, facts={

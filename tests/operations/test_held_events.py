@@ -108,12 +108,18 @@ def test_it_makes_no_second_payment_for_an_intent_whose_payment_was_held_after_i
     acme, approver, operator, sandbox, live_server
 ):
     op = async_payment(acme, approver)  # processing at the provider
-    # A person sees no debit and settles the operation as failed; then the bank settles the
-    # payment after all, and the provider says so: held for that person.
-    engine.operation_resolve(
-        operation_id=op.id, actor=operator, outcome=S.FAILED,
-        evidence_text="no debit on the bank statement", reason="checked with treasury",
-    )
+    # A person sees no debit and settles the operation as failed. Refused now while the
+    # provider holds the payment; one settled so before that rule stays in the journal.
+    with pytest.raises(engine.TransitionRefused, match="may still complete"):
+        engine.operation_resolve(
+            operation_id=op.id, actor=operator, outcome=S.FAILED,
+            evidence_text="no debit on the bank statement", reason="checked with treasury",
+        )
+    Operation.objects.filter(id=op.id).update(
+        status=S.FAILED, resolved_manually=True, error_code="resolved_failed",
+        error_message="no debit on the bank statement")
+    # Then the bank settles the payment after all, and the provider says so: held for
+    # that person.
     sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
     sandbox_webhooks_deliver(target_base_url=live_server.url)
     assert webhooks_held_for_review(operation=op).exists()

@@ -251,3 +251,35 @@ def test_it_keeps_the_page_masked_when_it_refuses_a_form(acme, operator):
     # The whole page again, as masked as the one the operator posted from.
     assert "40817810099910004312" not in html and "••••4312" in html
     assert not AuditEvent.objects.filter(action="operation.view_unmasked").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_to_resolve_as_failed_on_words_a_payment_the_provider_still_holds(
+    acme, approver, operator, sandbox
+):
+    """An accepted payment still processing was resolved as failed on evidence text: the
+    intent could be replaced under a new key while the first payment completed, paid twice.
+    Its reference, once the provider reports it failed, settles it; until then it waits."""
+    from operations.sandbox.models import PaymentIntent
+    from operations.sandbox.services import sandbox_payment_settle
+    from tests.operations.engine_helpers import async_payment
+
+    op = async_payment(acme, approver)
+    rows = AuditEvent.objects.count()
+
+    response = signed_in(operator).post(f"/operations/{op.id}/resolve",
+                                        {**TEXT_ONLY, "resolve-outcome": "failed"})
+
+    assert response.status_code == 409
+    assert f"the provider holds {op.external_id} for {op.id}, which may still complete" in (
+        re.sub(r"\s+", " ", response.content.decode()))
+    op.refresh_from_db()
+    assert (op.status, op.resolved_manually) == (OperationStatus.ACCEPTED, False)
+    assert AuditEvent.objects.count() == rows
+    # Once the provider says it failed, its reference settles it.
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="failed")
+    operation_resolve(operation_id=op.id, actor=operator, outcome="failed", evidence_text="",
+                      reason="the bank declined it", provider_reference=op.external_id)
+    op.refresh_from_db()
+    assert op.status == OperationStatus.FAILED
+    assert PaymentIntent.objects.count() == 1

@@ -114,9 +114,10 @@ class ReasonForm(forms.Form):
 
 
 class DecisionForm(ReasonForm):
-    """A person's decision on an operation (dispute, resolve): it answers the provider events
-    and call answers held for review that the page showed, and only those. One that arrived
-    while the person was deciding stays in the queue for them to see."""
+    """A person's decision on an operation (dispute, resolve): it applies to the status the
+    page showed, and answers the provider events and call answers held for review that the
+    page showed, and only those. One that arrived while the person was deciding stays in the
+    queue for them to see."""
 
     # autocomplete off: a browser restoring form state on reload would send an old list.
     held_shown = forms.CharField(
@@ -128,6 +129,13 @@ class DecisionForm(ReasonForm):
     held_answers_shown = forms.CharField(
         required=False, max_length=2000,
         widget=forms.HiddenInput(attrs={"autocomplete": "off"}),
+    )
+
+    # When the status the page showed was set: the decision applies to that status only,
+    # never to one the engine moved the operation to after the person looked.
+    # autocomplete off: a browser restoring form state on reload would send the old moment.
+    seen = UtcDateTimeField(
+        required=False, widget=forms.HiddenInput(attrs={"autocomplete": "off"})
     )
 
     def clean_held_shown(self) -> list[int]:
@@ -164,13 +172,6 @@ class ResolveForm(DecisionForm):
         "anything is recorded.",
         validators=[refuse_secrets_in_text],
         widget=forms.TextInput(attrs={"hx-preserve": "true"}),
-    )
-
-    # When the status the page showed was set: the resolution applies to that status only,
-    # never to one the engine moved the operation to after the person looked.
-    # autocomplete off: a browser restoring form state on reload would send the old moment.
-    seen = UtcDateTimeField(
-        required=False, widget=forms.HiddenInput(attrs={"autocomplete": "off"})
     )
 
     field_order = ["outcome", "evidence", "provider_reference", "reason"]

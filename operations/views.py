@@ -144,7 +144,9 @@ def _panel_context(
             **drafts.get("resolve", {}), "seen": op.status_changed_at, **shown,
         }),
         "dispute": forms.get("dispute")
-        or DecisionForm(prefix="dispute", initial={**drafts.get("dispute", {}), **shown}),
+        or DecisionForm(prefix="dispute", initial={
+            **drafts.get("dispute", {}), "seen": op.status_changed_at, **shown,
+        }),
     }
     if done in action_forms:
         # Kept in place, a reason already written to the audit trail would go with the next
@@ -338,6 +340,7 @@ def operation_resolve_view(request: HttpRequest, operation_id: str) -> HttpRespo
 def operation_dispute_view(request: HttpRequest, operation_id: str) -> HttpResponse:
     def act(op: Operation, data: dict[str, Any]) -> str:
         operation_dispute(operation_id=op.id, actor=request.user, reason=data["reason"],
+                          seen_status_changed_at=data.get("seen"),
                           held_shown=data["held_shown"],
                           held_answers_shown=data["held_answers_shown"])
         return "Marked disputed: on hold until resolved."

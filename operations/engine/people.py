@@ -184,10 +184,10 @@ def _unresolvable(op: Operation, outcome: str) -> TransitionRefused:
     return TransitionRefused(f"{op.id} is {op.status}; it cannot be resolved as {outcome}")
 
 
-def _moved_on(op: Operation) -> TransitionRefused:
+def _moved_on(op: Operation, *, doing: str = "resolving") -> TransitionRefused:
     return TransitionRefused(
         f"{op.id} is now {op.status} (since {op.status_changed_at:%H:%M:%S} UTC), not what the "
-        "page showed; reload and check again before resolving"
+        f"page showed; reload and check again before {doing}"
     )
 
 
@@ -314,11 +314,14 @@ def _verification_attempt(op: Operation, verified: _Verified) -> Attempt:
 
 def operation_dispute(
     *, operation_id: str, actor: AbstractUser, reason: str,
+    seen_status_changed_at: datetime | None = None,
     held_shown: Collection[int] | None = None,
     held_answers_shown: Collection[int] | None = None,
 ) -> Operation:
     """Put an operation on hold: no webhook or lookup moves it until a person resolves it.
-    `held_shown`, `held_answers_shown`: as for operation_resolve."""
+    `seen_status_changed_at`, `held_shown`, `held_answers_shown`: as for operation_resolve.
+    Disputing applies to settled effects too, so a page that showed unknown would otherwise
+    put on hold a payment a webhook settled while the person decided."""
     if not reason.strip():
         raise TransitionRefused("a reason is required")
     person_text_check(reason=reason)
@@ -326,6 +329,8 @@ def operation_dispute(
     require_perm(actor, "operate_operations", op)
     sources = transitions.sources(S.DISPUTED, manual=True)
     extra = ~Q(status=S.IN_PROGRESS) | Q(lease_expires_at__lte=timezone.now())
+    if seen_status_changed_at is not None:
+        extra &= Q(status_changed_at=seen_status_changed_at)
     won = transition(
         op,
         to=S.DISPUTED,
@@ -344,6 +349,12 @@ def operation_dispute(
     )
     if not won:
         op.refresh_from_db()
+        if (
+            op.status in sources
+            and seen_status_changed_at is not None
+            and op.status_changed_at != seen_status_changed_at
+        ):
+            raise _moved_on(op, doing="disputing")
         raise TransitionRefused(f"{op.id} is {op.status} (or still leased); it cannot be disputed")
     op.refresh_from_db()
     return op

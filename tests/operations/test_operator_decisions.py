@@ -201,10 +201,10 @@ def test_it_tells_a_contradicted_outcome_from_a_late_event(acme, closed, reporte
     assert WebhookEvent.objects.get().needs_review == (result == "held")
 
 
-def _page_hidden_fields(client, op: Operation) -> dict[str, str]:
-    """What the page's resolve form sends along unseen, as a browser would."""
+def _page_hidden_fields(client, op: Operation, prefix: str = "resolve") -> dict[str, str]:
+    """What the page's resolve (or dispute) form sends along unseen, as a browser would."""
     page = client.get(f"/operations/{op.id}/").content.decode()
-    return dict(re.findall(r'<input type="hidden" name="(resolve-[^"]+)" value="([^"]*)"', page))
+    return dict(re.findall(rf'<input type="hidden" name="({prefix}-[^"]+)" value="([^"]*)"', page))
 
 
 @pytest.mark.django_db
@@ -309,3 +309,36 @@ def test_it_refuses_a_resolution_when_the_engine_moves_on_while_the_provider_is_
     assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
     assert not Attempt.objects.filter(operation=op, kind=AttemptKind.LOOKUP).exists()
     assert audit_count(op, "operation.resolve_succeeded") == 0
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_dispute_of_a_status_the_operator_never_saw(acme_unknown, operator):
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = acme_unknown
+    client = signed_in(operator)
+    form = _page_hidden_fields(client, op, "dispute")
+    assert set(form) == {"dispute-seen"}
+    # The page showed unknown; while the operator types, the provider's webhook settles it.
+    # Disputing applies to settled effects too: from that page it would put on hold a
+    # payment that went through, on a decision taken about an unknown one.
+    assert webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_settled", event_type="payment_intent.succeeded", operation_id=op.id,
+        status=CallOutcome.SUCCEEDED))[0] == "applied"
+    response = client.post(f"/operations/{op.id}/dispute",
+                           {**form, "dispute-reason": "nobody knows if it went through"})
+
+    assert response.status_code == 409
+    body = response.content.decode()
+    assert "Dispute refused" in body and "now succeeded" in body and "reload" in body.lower()
+    op.refresh_from_db()
+    assert op.status == "succeeded" and not op.resolved_manually
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    assert audit_count(op, "operation.dispute") == 0
+    # Reloaded, the page's dispute applies to the status it now shows.
+    client.post(f"/operations/{op.id}/dispute", {
+        **_page_hidden_fields(client, op, "dispute"), "dispute-reason": "the customer contests it",
+    })
+    op.refresh_from_db()
+    assert op.status == "disputed" and audit_count(op, "operation.dispute") == 1

@@ -159,28 +159,33 @@ class ResolveForm(DecisionForm):
             (OperationStatus.FAILED, "Failed"),
         ]
     )
+    # Either one is evidence (clean): operation_resolve takes a reference the provider
+    # confirms as proof enough, and the page must not ask for more than the engine does.
     evidence = forms.CharField(
-        max_length=2000,
+        required=False, max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2, "hx-preserve": "true"}),
         label="Evidence",
-        help_text="What you verified at the provider, and where.",
+        help_text="What you verified at the provider, and where. Give this, a provider "
+        "reference, or both.",
         validators=[refuse_secrets_in_text],
     )
     provider_reference = forms.CharField(
-        required=False, max_length=120, label="Provider reference (optional)",
+        required=False, max_length=120, label="Provider reference",
         help_text="The provider's id (pi_…, deal_…, msg_…); checked at the provider before "
-        "anything is recorded.",
+        "anything is recorded. Enough on its own as evidence once the provider confirms it.",
         validators=[refuse_secrets_in_text],
         widget=forms.TextInput(attrs={"hx-preserve": "true"}),
     )
 
     field_order = ["outcome", "evidence", "provider_reference", "reason"]
 
-    def clean_evidence(self) -> str:
-        evidence = self.cleaned_data["evidence"].strip()
-        if not evidence:
-            raise forms.ValidationError("Evidence is required.")
-        return evidence
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if "evidence" in cleaned and "provider_reference" in cleaned and not (
+            cleaned["evidence"] or cleaned["provider_reference"]
+        ):
+            self.add_error("evidence", "Give evidence text or a provider reference (or both).")
+        return cleaned
 
 
 def form_problem(form: forms.Form, *, incomplete: str = "") -> str:

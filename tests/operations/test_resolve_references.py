@@ -119,6 +119,32 @@ def test_it_resolves_with_a_payment_reference_the_provider_confirms(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_resolves_from_the_page_with_a_provider_reference_alone(
+    acme_unknown, operator, sandbox
+):
+    """The engine takes evidence text or a reference the provider confirms; the page's form
+    demanded the text even when the reference was given."""
+    op = acme_unknown
+    payment_id = payment_at_provider(op)
+
+    response = signed_in(operator).post(f"/operations/{op.id}/resolve", {
+        **RESOLVE, "resolve-evidence": "", "resolve-provider_reference": payment_id,
+    })
+
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually) == ("succeeded", payment_id, True)
+    assert sandbox_request_count() == 1
+    # The confirmed reference is the evidence on record.
+    evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
+    assert (evidence.data["evidence"], evidence.data["provider_reference"]) == ("", payment_id)
+    assert evidence.data["verified"]["external_id"] == payment_id
+    assert f"{payment_id} confirmed by" in evidence.summary
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
+    assert event.after["provider_reference"] == payment_id
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_resolves_with_a_crm_deal_reference_the_provider_confirms(acme, operator, sandbox):
     op = make_unknown(operation_prepare(tenant=acme, action="crm.create_deal", payload={
         "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"}))

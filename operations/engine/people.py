@@ -121,15 +121,18 @@ def operation_resolve(
             "outcome": outcome, "provider_reference": reference, "evidence": evidence_text,
             "reason": reason})
         raise ReferenceRefused(verified.problem)
+    # A reference alone is the evidence (confirmed above): the timeline and the error line
+    # say so rather than nothing.
+    said = evidence_text.strip() or f"the provider's {reference}"
     fields: dict[str, Any] = {"resolved_manually": True}
     if outcome == S.FAILED:
-        fields.update(error_code="resolved_failed", error_message=evidence_text[:500])
+        fields.update(error_code="resolved_failed", error_message=said[:500])
     data: dict[str, Any] = {
         "evidence": evidence_text,
         "provider_reference": reference,
         "reason": reason,
     }
-    summary = f"resolved as {outcome} by {actor.username}: {evidence_text}"
+    summary = f"resolved as {outcome} by {actor.username}: {said}"
     with transaction.atomic():
         # The verifying lookup and the resolution are recorded together or not at all.
         if verified is not None:

@@ -139,7 +139,8 @@ def test_it_resolves_from_the_page_with_a_provider_reference_alone(
     evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
     assert (evidence.data["evidence"], evidence.data["provider_reference"]) == ("", payment_id)
     assert evidence.data["verified"]["external_id"] == payment_id
-    assert f"{payment_id} confirmed by" in evidence.summary
+    assert evidence.summary == (f"resolved as succeeded by operator: the provider's "
+                                f"{payment_id} ({payment_id} confirmed by payments)")
     event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
     assert event.after["provider_reference"] == payment_id
 

@@ -206,14 +206,15 @@ def test_it_never_revives_an_operation_a_person_resolved(
     from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
 
     op = async_payment(acme, approver)
-    engine.operation_resolve(operation_id=op.id, actor=operator, outcome=S.FAILED,
-                             evidence_text="bank statement shows no debit",
+    # (Failed on words alone is refused while the provider holds the payment.)
+    engine.operation_resolve(operation_id=op.id, actor=operator, outcome=S.SUCCEEDED,
+                             evidence_text="bank statement shows the debit",
                              reason="checked with treasury")
-    sandbox_payment_settle(payment_intent_id=op.external_id, status="succeeded")
+    sandbox_payment_settle(payment_intent_id=op.external_id, status="failed")
     sandbox_webhooks_deliver(target_base_url=live_server.url)
     op.refresh_from_db()
-    assert op.status == S.FAILED and op.resolved_manually
-    event = WebhookEvent.objects.get(operation=op, event_type="payment_intent.succeeded")
+    assert op.status == S.SUCCEEDED and op.resolved_manually
+    event = WebhookEvent.objects.get(operation=op, event_type="payment_intent.payment_failed")
     assert not event.applied and "operator" in event.outcome
     engine.operation_dispute(operation_id=op.id, actor=operator, reason="treasury re-checking")
     assert engine.operation_reconcile(operation_id=op.id).outcome == "nothing_to_do"

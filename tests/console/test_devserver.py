@@ -78,7 +78,6 @@ def kill_all(devserver: subprocess.Popen, children: list[int]) -> None:
         devserver.wait()
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM],
                          ids=["ctrl-c", "terminal-closed", "terminated"])
 def test_it_stops_web_worker_and_beat_however_its_terminal_goes(tmp_path, signum):
@@ -126,7 +125,6 @@ def test_it_refuses_a_bad_worker_concurrency_before_starting_anything(tmp_path, 
     assert output.count("\n") == 1  # nothing started, migrated or stopped
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_it_stops_everything_when_its_terminal_is_closed(tmp_path):
     """As a closed window or a lost SSH connection does: devserver's terminal goes away
     (SIGHUP to its foreground group, and every later write to it fails), and the stop

@@ -32,20 +32,47 @@ from approvals.services import (
 from operations.forms import form_problem
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
 from operations.intents import intent_diff, intent_rows, intent_summary
-from operations.models import Action
+from operations.models import Action, Operation, Run
 from operations.selectors import (
     command_effects_in_runs,
     operation_lineage,
-    run_ancestors,
+    runs_ancestors,
     tenant_perm_held,
     tenants_for_user,
 )
 
 QUEUE_PAGE_SIZE = 20
 
+# The runs an intent's run derives from, nearest first, and the same command's operations in
+# them that made their effect or may yet.
+Derivation = tuple[list[str], list[Operation]]
 
-def _card(approval: Approval, *, user, unmasked: bool, can_decide: bool) -> dict[str, Any]:
+
+def _derivations(approvals: list[Approval]) -> dict[str, Derivation]:
+    """By operation id, for a whole page at once: a query per card (and per generation)
+    made a page of replays' intents cost hundreds."""
+    runs: dict[str, Run] = {}
+    for approval in approvals:
+        run = operation_lineage(approval.operation).run
+        if run is not None and run.parent_run_id:
+            runs[approval.operation_id] = run
+    ancestors = runs_ancestors(runs.values())
+    run_ids = {op_id: ancestors[run.id] for op_id, run in runs.items()}
+    effects = command_effects_in_runs(
+        [approval.operation for approval in approvals], run_ids=run_ids
+    )
+    return {op_id: (run_ids.get(op_id, []), effects[op_id]) for op_id in effects}
+
+
+def _card(
+    approval: Approval, *, user, unmasked: bool, can_decide: bool,
+    derivation: Derivation | None = None,
+) -> dict[str, Any]:
+    """`derivation`: this card's, when the caller read those of a whole page."""
     op = approval.operation
+    if derivation is None:
+        derivation = _derivations([approval])[op.id]
+    ancestors, earlier_effects = derivation
     now = timezone.now()
     summary = intent_summary(action=op.action, payload=op.payload, unmasked=unmasked)
     lineage = operation_lineage(op)
@@ -56,16 +83,13 @@ def _card(approval: Approval, *, user, unmasked: bool, can_decide: bool) -> dict
             action=op.action, old_payload=old.payload, new_payload=op.payload,
             old_policy=old.policy_version, new_policy=op.policy_version, unmasked=unmasked,
         )
-    run = lineage.run
-    # Walked once: the card names the nearest and looks for the command in all of them.
-    ancestors = run_ancestors(run) if run is not None and run.parent_run_id else []
     return {
         "approval": approval,
         "op": op,
         # A replay's or a branch's intent: the approver sees which run it repeats, and
         # whether that run already made this command's effect (its new key dedups nothing).
         "derived_from": ancestors[0] if ancestors else "",
-        "earlier_effects": command_effects_in_runs(op, run_ids=ancestors),
+        "earlier_effects": earlier_effects,
         "action_label": Action(op.action).label if op.action in Action.values else op.action,
         "summary": summary,
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
@@ -91,9 +115,11 @@ def _card(approval: Approval, *, user, unmasked: bool, can_decide: bool) -> dict
 def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
     """Masked cards, as every list and htmx answer shows them."""
     deciding_ids = set(tenants_for_user(user, "approve_intents").values_list("id", flat=True))
+    derivations = _derivations(approvals)
     return [
         _card(approval, user=user, unmasked=False,
-              can_decide=approval.operation.tenant_id in deciding_ids)
+              can_decide=approval.operation.tenant_id in deciding_ids,
+              derivation=derivations[approval.operation_id])
         for approval in approvals
     ]
 

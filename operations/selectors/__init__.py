@@ -33,7 +33,7 @@ from operations.selectors.queues import (
     webhooks_for_review_for_user,
     webhooks_held_for_review,
 )
-from operations.selectors.runs import command_effects_in_runs, run_ancestors
+from operations.selectors.runs import command_effects_in_runs, run_ancestors, runs_ancestors
 
 __all__ = [
     "METRICS_WINDOW",
@@ -60,6 +60,7 @@ __all__ = [
     "operations_unknown_queue",
     "related_pages_for_user",
     "run_ancestors",
+    "runs_ancestors",
     "tenant_access_require",
     "tenant_ids_for_user",
     "tenant_perm_held",

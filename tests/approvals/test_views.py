@@ -910,3 +910,44 @@ def test_it_warns_of_a_replayed_command_its_parent_run_may_yet_carry_out(
     else:
         assert (f"This command is also in a run this one derives from: {first.id} is {said} "
                 f"(run {checkpoint.run_id}).") in text
+
+
+def test_it_reads_the_lineage_of_derived_intents_in_the_same_queries_for_any_page(
+    acme, approver, admin_user, prepare_payment
+):
+    """Each card of a replay's or a branch's intent names the run it derives from and the
+    same command's effects in earlier runs: read per card and per generation, a page of
+    twenty cards two generations deep made hundreds of queries."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from operations.models import RunMode
+    from tests.factories import CheckpointFactory, RunFactory
+
+    client = signed_in(approver)
+
+    def queue() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(reverse("approvals:queue"))
+        assert response.status_code == 200
+        return len(queries), response.content.decode()
+
+    queue()  # per-process caches
+    counts, earlier_ids = [], []
+    for n in range(3):
+        original = RunFactory(tenant=acme)
+        first = prepare_payment(acme, run=original, command_id="cmd_pay", invoice_id=f"inv_{n}")
+        # Two generations, as a branch of a replay is.
+        replay = RunFactory(derived_from=CheckpointFactory(run=original), mode=RunMode.LIVE,
+                            launched_by=admin_user)
+        branch = RunFactory(derived_from=CheckpointFactory(run=replay), launched_by=admin_user)
+        prepare_payment(acme, run=branch, command_id="cmd_pay", invoice_id=f"inv_{n}_again")
+        earlier_ids.append(first.operation_id)
+        count, html = queue()
+        counts.append(count)
+        # Each derived card still names its parent run and warns of its own earlier effect.
+        assert f'href="/runs/{replay.id}/"' in html
+        for earlier_id in earlier_ids:
+            assert f'href="/operations/{earlier_id}/"' in html
+    assert counts[0] == counts[1] == counts[2], counts
+    assert html.count("This command is also in a run this one derives from") == 3

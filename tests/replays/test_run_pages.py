@@ -4,6 +4,7 @@ import re
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from operations.engine import operation_prepare
 from operations.models import Checkpoint, Operation, Run, RunMode, RunStatus
@@ -47,6 +48,30 @@ def test_it_shows_a_run_with_its_checkpoints_effects_and_derived_runs(lineage, a
     branch_html = signed_in(auditor).get(f"/runs/{branch.id}/").content.decode()
     assert original.id in branch_html and cp.id in branch_html
     assert "started afresh" not in branch_html
+
+
+@pytest.mark.django_db
+def test_it_reads_a_runs_whole_ancestry_in_one_query(lineage, auditor):
+    """The chain of ancestors was read one query per generation, up to fifty."""
+    original, branch, _cp, _op = lineage
+    client = signed_in(auditor)
+
+    def run_page(run: Run) -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get(f"/runs/{run.id}/").content.decode()
+        return len(queries), html
+
+    run_page(branch)  # per-process caches
+    near, _html = run_page(branch)
+    chain = [branch]
+    for _ in range(4):
+        chain.append(RunFactory(derived_from=CheckpointFactory(run=chain[-1])))
+    far, html = run_page(chain[-1])
+    assert far == near
+    # Still every generation, nearest first.
+    ancestors = re.search(r"<dt>Ancestors</dt>\s*<dd>(.*?)</dd>", html, re.S).group(1)
+    assert re.findall(r"<code>(\w+)</code>", ancestors) == [
+        *(run.id for run in reversed(chain[:-1])), original.id]
 
 
 @pytest.mark.django_db

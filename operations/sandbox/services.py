@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -193,11 +194,45 @@ def _signature_headers(provider: str, body: bytes) -> dict[str, str]:
         secret=settings.MAIL_WEBHOOK_SECRET, body=body)}
 
 
+# Two rounds at once would read the same undelivered batch and each POST it, and one would
+# send the event a late_webhook fault has the other hold back. A session-level advisory lock
+# keeps it to one round at a time without a transaction open across the POSTs, and, unlike a
+# claim column, leaves nothing behind to expire when a worker dies mid-round: the lock ends
+# with its session.
+WEBHOOK_ROUND_LOCK = "sandbox-webhooks-deliver"
+
+
+@contextmanager
+def _webhook_round() -> Iterator[bool]:
+    """Whether this session holds the delivery round, for the block."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [WEBHOOK_ROUND_LOCK]
+        )
+        (held,) = cursor.fetchone()
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [WEBHOOK_ROUND_LOCK]
+                )
+
+
 def sandbox_webhooks_deliver(*, target_base_url: str) -> int:
     """POST every undelivered event, signed; returns how many POSTs were answered 2xx.
 
     An event whose POST fails stays undelivered and goes out again next time, as providers do.
+    While another round is under way this one sends nothing: that round or the next sends it.
     """
+    with _webhook_round() as held:
+        if not held:
+            return 0
+        return _webhooks_deliver_round(target_base_url=target_base_url)
+
+
+def _webhooks_deliver_round(*, target_base_url: str) -> int:
     sent = 0
     base = target_base_url.rstrip("/")
     timeout = float(settings.PROVIDER_TIMEOUT_SECONDS)

@@ -13,8 +13,9 @@ from operations.sandbox.services import sandbox_settle_due, sandbox_webhooks_del
 @shared_task(name="sandbox.tick", ignore_result=True)
 def sandbox_tick() -> dict[str, int]:
     """Settle what a bank would have settled by now, then send the providers' pending
-    webhooks to the console, as the real providers would. Safe to run twice: settling and
-    delivery are conditional updates, and the console stores each event once."""
+    webhooks to the console, as the real providers would. Safe to run twice: settling is a
+    conditional update, a tick that finds another's delivery round under way leaves the
+    sending to it, and the console stores each event once."""
     if not settings.SANDBOX_ENABLED:
         # A tick that outlived the restart turning the sandbox off (queued before it, or sent
         # by the old beat in a deploy's overlap) would sign the sandbox's events with this

@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -49,12 +50,14 @@ class Receiver:
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, str], bytes]] = []
         self.status = 200  # what the console answers each delivery
+        self.delay = 0.0  # how long it takes to answer, as a slow console would
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.received.append((self.path, dict(self.headers.items()), body))
+                time.sleep(outer.delay)
                 self.send_response(outer.status)
                 self.end_headers()
 
@@ -583,6 +586,43 @@ def test_it_keeps_an_event_whose_delivery_failed_for_the_next_round(sandbox, rec
 
     assert [f.operation_id for f in receiver.facts("payments")] == [op.id, op.id]
     assert sandbox_counts()["webhooks_undelivered"] == 0
+
+
+def test_it_delivers_each_event_once_however_many_ticks_overlap(sandbox, receiver):
+    # Two ticks at once (a slow console, a backlog of ticks drained by a threads-pool
+    # worker) read the same undelivered batch; only one of them may send it.
+    op = payment()
+    PAYMENTS.call(op)
+    receiver.delay = 0.5  # within the sandbox fixture's 1 s client timeout
+
+    rounds = [Background(lambda: sandbox_webhooks_deliver(target_base_url=receiver.url))
+              for _ in range(2)]
+
+    assert sorted(each.join() for each in rounds) == [0, 1]
+    assert [f.operation_id for f in receiver.facts("payments")] == [op.id]
+    assert sandbox_counts()["webhooks_undelivered"] == 0
+
+
+def test_it_holds_a_webhook_back_from_a_tick_that_overlaps_the_holding_round(
+    sandbox, receiver
+):
+    other, late = payment(), payment()
+    PAYMENTS.call(other)  # keeps the first round busy on the slow console
+    PAYMENTS.call(late)
+    sandbox_fault_set(provider="payments", kind="late_webhook", match=late.id)
+    receiver.delay = 0.5  # within the sandbox fixture's 1 s client timeout
+
+    rounds = [Background(lambda: sandbox_webhooks_deliver(target_base_url=receiver.url))
+              for _ in range(2)]
+    for each in rounds:
+        each.join()
+
+    assert [f.operation_id for f in receiver.facts("payments")] == [other.id]
+    assert sandbox_counts()["webhooks_undelivered"] == 1
+    assert SandboxFault.objects.get().remaining == 0
+    receiver.delay = 0.0
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 1  # the next round
+    assert [f.operation_id for f in receiver.facts("payments")] == [other.id, late.id]
 
 
 def test_it_reorders_a_round_for_a_fault_aimed_at_one_of_its_operations(sandbox, receiver):

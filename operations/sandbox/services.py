@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -220,6 +221,29 @@ def _webhook_round() -> Iterator[bool]:
                 )
 
 
+def _webhooks_reordered(*, provider: str, batch: list[SandboxWebhook]) -> list[SandboxWebhook]:
+    """The round as an out_of_order_webhooks fault sends it. One aimed at an operation swaps
+    only that operation's events, among the places they hold, so the other operations'
+    events keep the order the fault was not aimed at; a blanket one reverses the round.
+    Either is taken only by a round where it has two events to swap."""
+    if len(batch) < 2:
+        return batch
+    events_of = Counter(hook.operation_id for hook in batch)
+    fault = sandbox_fault_take(
+        provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS],
+        operation_ids=[op_id for op_id, count in events_of.items() if count > 1],
+    )
+    if fault is None:
+        return batch
+    if fault.match == "*":
+        return batch[::-1]
+    places = [i for i, hook in enumerate(batch) if hook.operation_id == fault.match]
+    reordered = list(batch)
+    for place, hook in zip(places, [batch[i] for i in reversed(places)], strict=True):
+        reordered[place] = hook
+    return reordered
+
+
 def sandbox_webhooks_deliver(*, target_base_url: str) -> int:
     """POST every undelivered event, signed; returns how many POSTs were answered 2xx.
 
@@ -249,11 +273,7 @@ def _webhooks_deliver_round(*, target_base_url: str) -> int:
                 if not sandbox_fault_take(provider=provider, kinds=[FaultKind.LATE_WEBHOOK],
                                           operation_ids=[hook.operation_id])
             ]
-            op_ids = {hook.operation_id for hook in batch}
-            if len(batch) > 1 and sandbox_fault_take(
-                provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS], operation_ids=op_ids
-            ):
-                batch.reverse()
+            batch = _webhooks_reordered(provider=provider, batch=batch)
             for hook in batch:
                 copies = 1
                 if sandbox_fault_take(provider=provider, kinds=[FaultKind.DUPLICATE_WEBHOOK],

@@ -625,7 +625,29 @@ def test_it_holds_a_webhook_back_from_a_tick_that_overlaps_the_holding_round(
     assert [f.operation_id for f in receiver.facts("payments")] == [other.id, late.id]
 
 
-def test_it_reorders_a_round_for_a_fault_aimed_at_one_of_its_operations(sandbox, receiver):
+def test_it_reorders_only_the_events_of_the_operation_a_fault_is_aimed_at(
+    sandbox, settings, receiver
+):
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1_000
+    target, bystander = payment(amount_minor=5_000), payment(amount_minor=5_000)
+    intents = [PAYMENTS.call(op).external_id for op in (target, bystander)]
+    for intent in intents:
+        sandbox_payment_settle(payment_intent_id=intent)
+    sandbox_fault_set(provider="payments", kind="out_of_order_webhooks", match=target.id)
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 4
+
+    # The target's two events swap places; the bystander asked for no reordering.
+    assert [(f.operation_id, f.event_type) for f in receiver.facts("payments")] == [
+        (target.id, "payment_intent.succeeded"), (bystander.id, "payment_intent.processing"),
+        (target.id, "payment_intent.processing"), (bystander.id, "payment_intent.succeeded"),
+    ]
+    assert SandboxFault.objects.get().remaining == 0
+
+
+def test_it_keeps_a_fault_aimed_at_an_operation_for_a_round_with_two_of_its_events(
+    sandbox, receiver
+):
     first, second = payment(), payment()
     PAYMENTS.call(first)
     PAYMENTS.call(second)
@@ -633,7 +655,10 @@ def test_it_reorders_a_round_for_a_fault_aimed_at_one_of_its_operations(sandbox,
 
     assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
 
-    assert [f.operation_id for f in receiver.facts("payments")] == [second.id, first.id]
+    # One event of `second`: nothing of its own to swap, and the round's other operation
+    # is no part of what the fault was aimed at.
+    assert [f.operation_id for f in receiver.facts("payments")] == [first.id, second.id]
+    assert SandboxFault.objects.get().remaining == 1
 
 
 def test_it_declines_a_processing_payment_as_stripe_does_and_says_so(sandbox, settings,

@@ -33,9 +33,11 @@ def sandbox_faults_matching(
 
 
 def sandbox_fault_active(
-    *, provider: str, kind: str, operation_ids: Iterable[str] = ()
+    *, provider: str, kind: str, operation_ids: Iterable[str] = (), keys: Iterable[str] = ()
 ) -> SandboxFault | None:
-    faults = sandbox_faults_matching(provider=provider, kinds=[kind], operation_ids=operation_ids)
+    faults = sandbox_faults_matching(
+        provider=provider, kinds=[kind], operation_ids=operation_ids, keys=keys
+    )
     return faults[0] if faults else None
 
 
@@ -78,6 +80,20 @@ def sandbox_operations_written(
     if idempotency_key is not None:
         writes = writes.filter(idempotency_key=idempotency_key)
     return list(dict.fromkeys(writes.order_by("-id").values_list("operation_id", flat=True)))
+
+
+def sandbox_keys_written(
+    *, provider: str, operation_ids: Iterable[str]
+) -> dict[str, list[str]]:
+    """The idempotency keys each operation's writes carried. A webhook or a search carries
+    no key of its own: a fault aimed at a key reaches those of the operations it made."""
+    keys: dict[str, list[str]] = {}
+    writes = sandbox_writes(provider=provider).filter(
+        operation_id__in=[op_id for op_id in operation_ids if op_id]
+    ).exclude(idempotency_key="")
+    for op_id, key in writes.values_list("operation_id", "idempotency_key").distinct():
+        keys.setdefault(op_id, []).append(key)
+    return keys
 
 
 def sandbox_counts() -> dict[str, int]:

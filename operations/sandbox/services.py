@@ -30,7 +30,7 @@ from operations.sandbox.models import (
     SandboxRequest,
     SandboxWebhook,
 )
-from operations.sandbox.selectors import sandbox_faults_matching
+from operations.sandbox.selectors import sandbox_faults_matching, sandbox_keys_written
 from operations.sandbox.serializers import (
     CARD_DECLINED,
     card_declined_json,
@@ -221,27 +221,38 @@ def _webhook_round() -> Iterator[bool]:
                 )
 
 
-def _webhooks_reordered(*, provider: str, batch: list[SandboxWebhook]) -> list[SandboxWebhook]:
-    """The round as an out_of_order_webhooks fault sends it. One aimed at an operation swaps
-    only that operation's events, among the places they hold, so the other operations'
-    events keep the order the fault was not aimed at; a blanket one reverses the round.
-    Either is taken only by a round where it has two events to swap."""
+def _webhooks_reordered(
+    *, provider: str, batch: list[SandboxWebhook], keys_of: dict[str, list[str]]
+) -> list[SandboxWebhook]:
+    """The round as an out_of_order_webhooks fault sends it. One aimed at an operation (or
+    at a key its writes carried) swaps only that operation's events, among the places they
+    hold, so the other operations' events keep the order the fault was not aimed at; a
+    blanket one reverses the round. Either is taken only by a round where it has two events
+    to swap."""
     if len(batch) < 2:
         return batch
     events_of = Counter(hook.operation_id for hook in batch)
+    swappable = [op_id for op_id, count in events_of.items() if count > 1]
     fault = sandbox_fault_take(
-        provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS],
-        operation_ids=[op_id for op_id, count in events_of.items() if count > 1],
+        provider=provider, kinds=[FaultKind.OUT_OF_ORDER_WEBHOOKS], operation_ids=swappable,
+        keys=[key for op_id in swappable for key in keys_of.get(op_id, [])],
     )
     if fault is None:
         return batch
     if fault.match == "*":
         return batch[::-1]
-    places = [i for i, hook in enumerate(batch) if hook.operation_id == fault.match]
     reordered = list(batch)
-    for place, hook in zip(places, [batch[i] for i in reversed(places)], strict=True):
-        reordered[place] = hook
+    for op_id in swappable:
+        if fault.match == op_id or fault.match in keys_of.get(op_id, []):
+            _swap_events_of(reordered, op_id)
     return reordered
+
+
+def _swap_events_of(batch: list[SandboxWebhook], op_id: str) -> None:
+    """Reverse one operation's events in place, among the places they hold."""
+    places = [i for i, hook in enumerate(batch) if hook.operation_id == op_id]
+    for place, hook in zip(places, [batch[i] for i in reversed(places)], strict=True):
+        batch[place] = hook
 
 
 def sandbox_webhooks_deliver(*, target_base_url: str) -> int:
@@ -267,17 +278,22 @@ def _webhooks_deliver_round(*, target_base_url: str) -> int:
             )
             if not batch:
                 continue
+            keys_of = sandbox_keys_written(
+                provider=provider, operation_ids={hook.operation_id for hook in batch}
+            )
             # Held-back events first, so a reversal is spent only on a round it can reorder.
             batch = [
                 hook for hook in batch
                 if not sandbox_fault_take(provider=provider, kinds=[FaultKind.LATE_WEBHOOK],
-                                          operation_ids=[hook.operation_id])
+                                          operation_ids=[hook.operation_id],
+                                          keys=keys_of.get(hook.operation_id, []))
             ]
-            batch = _webhooks_reordered(provider=provider, batch=batch)
+            batch = _webhooks_reordered(provider=provider, batch=batch, keys_of=keys_of)
             for hook in batch:
                 copies = 1
                 if sandbox_fault_take(provider=provider, kinds=[FaultKind.DUPLICATE_WEBHOOK],
-                                      operation_ids=[hook.operation_id]):
+                                      operation_ids=[hook.operation_id],
+                                      keys=keys_of.get(hook.operation_id, [])):
                     copies = 2
                 delivered = False
                 for _ in range(copies):

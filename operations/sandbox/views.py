@@ -329,9 +329,12 @@ def payment_intents_search(request: HttpRequest, params: Params) -> HttpResponse
     if not match:
         return invalid("Only metadata['field']:'value' queries are supported", param="query")
     field, value = match.groups()
+    operation_ids = [value] if field == "operation_id" else []
     lag = selectors.sandbox_fault_active(
-        provider=Provider.PAYMENTS, kind=FaultKind.SEARCH_LAG,
-        operation_ids=[value] if field == "operation_id" else [],
+        provider=Provider.PAYMENTS, kind=FaultKind.SEARCH_LAG, operation_ids=operation_ids,
+        keys=selectors.sandbox_keys_written(
+            provider=Provider.PAYMENTS, operation_ids=operation_ids
+        ).get(value, []),
     )
     intents = selectors.sandbox_payment_search(
         field=field, value=value, lag_seconds=float(lag.params.get("seconds", 60)) if lag else 0

@@ -431,6 +431,46 @@ def test_it_aims_a_fault_at_an_idempotency_key(sandbox):
     assert not SandboxFault.objects.filter(remaining__gt=0).exists()
 
 
+def test_it_aims_webhook_faults_and_search_lag_at_an_idempotency_key(
+    sandbox, settings, receiver
+):
+    # An event or a search carries no key: a fault aimed at one reaches those of the
+    # operation whose writes carried it. Taken and left unfired, a test would pass without
+    # its failure happening.
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1_000
+    late, twice, swapped = payment(500), payment(500), payment(5_000)
+    bystander = payment(500)
+    PAYMENTS.call(late)
+    PAYMENTS.call(twice)
+    intent = PAYMENTS.call(swapped).external_id
+    PAYMENTS.call(bystander)
+    sandbox_payment_settle(payment_intent_id=intent)
+    for kind, op in [("late_webhook", late), ("duplicate_webhook", twice),
+                     ("out_of_order_webhooks", swapped)]:
+        sandbox_fault_set(provider="payments", kind=kind, match=op.idempotency_key)
+    sandbox_fault_set(provider="payments", kind="search_lag", match=late.idempotency_key,
+                      seconds=60)
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 5
+
+    assert [(f.operation_id, f.event_type) for f in receiver.facts("payments")] == [
+        (twice.id, "payment_intent.succeeded"), (twice.id, "payment_intent.succeeded"),
+        (swapped.id, "payment_intent.succeeded"), (bystander.id, "payment_intent.succeeded"),
+        (swapped.id, "payment_intent.processing"),
+    ]
+    assert list(SandboxFault.objects.exclude(kind="search_lag").values_list(
+        "remaining", flat=True)) == [0, 0, 0]
+    search = f"{sandbox}/payments/v1/payment_intents/search"
+    headers = {"Authorization": "Bearer sk_test_sandbox"}
+
+    def found(op) -> list[str]:
+        query = {"query": f"metadata['operation_id']:'{op.id}'"}
+        answer = httpx.get(search, params=query, headers=headers).json()["data"]
+        return [each["metadata"]["operation_id"] for each in answer]
+
+    assert (found(late), found(bystander)) == ([], [bystander.id])
+
+
 def test_it_clears_only_the_faults_it_is_told_to(db):
     sandbox_fault_set(provider="payments", kind="http_500")
     sandbox_fault_set(provider="payments", kind="http_500", match="op_x")

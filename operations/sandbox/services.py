@@ -290,30 +290,32 @@ def _webhooks_deliver_round(*, target_base_url: str) -> int:
             ]
             batch = _webhooks_reordered(provider=provider, batch=batch, keys_of=keys_of)
             for hook in batch:
-                copies = 1
-                if sandbox_fault_take(provider=provider, kinds=[FaultKind.DUPLICATE_WEBHOOK],
-                                      operation_ids=[hook.operation_id],
-                                      keys=keys_of.get(hook.operation_id, [])):
-                    copies = 2
-                delivered = False
-                for _ in range(copies):
-                    body = hook.body.encode()
-                    headers = {"Content-Type": "application/json",
-                               **_signature_headers(provider, body)}
-                    try:
-                        response = client.post(
-                            f"{base}/webhooks/{provider}/", content=body, headers=headers
-                        )
-                    except httpx.HTTPError:
-                        continue
-                    if 200 <= response.status_code < 300:
-                        sent += 1
-                        delivered = True
-                if delivered:
-                    SandboxWebhook.objects.filter(pk=hook.pk, delivered_at__isnull=True).update(
-                        delivered_at=timezone.now()
-                    )
+                url = f"{base}/webhooks/{provider}/"
+                if not _webhook_post(client, url=url, provider=provider, hook=hook):
+                    continue
+                sent += 1
+                SandboxWebhook.objects.filter(pk=hook.pk, delivered_at__isnull=True).update(
+                    delivered_at=timezone.now()
+                )
+                # Taken only once the console has the first copy: a round it refused has
+                # nothing to duplicate, and would use the fault up on no second copy.
+                if sandbox_fault_take(
+                    provider=provider, kinds=[FaultKind.DUPLICATE_WEBHOOK],
+                    operation_ids=[hook.operation_id], keys=keys_of.get(hook.operation_id, []),
+                ) and _webhook_post(client, url=url, provider=provider, hook=hook):
+                    sent += 1
     return sent
+
+
+def _webhook_post(client: httpx.Client, *, url: str, provider: str, hook: SandboxWebhook) -> bool:
+    """Whether the console acknowledged the event (2xx)."""
+    body = hook.body.encode()
+    headers = {"Content-Type": "application/json", **_signature_headers(provider, body)}
+    try:
+        response = client.post(url, content=body, headers=headers)
+    except httpx.HTTPError:
+        return False
+    return 200 <= response.status_code < 300
 
 
 # --- payments -----------------------------------------------------------------------------

@@ -628,6 +628,26 @@ def test_it_keeps_an_event_whose_delivery_failed_for_the_next_round(sandbox, rec
     assert sandbox_counts()["webhooks_undelivered"] == 0
 
 
+def test_it_keeps_a_duplicate_fault_for_a_round_the_console_acknowledges(sandbox, receiver):
+    # A round the console refused sent nothing to duplicate: the fault waits for one that
+    # counts, or the console would never see the copy it was meant to handle.
+    op = payment()
+    PAYMENTS.call(op)
+    sandbox_fault_set(provider="payments", kind="duplicate_webhook")
+    receiver.status = 500
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 0
+    assert SandboxFault.objects.get().remaining == 1
+    receiver.status = 200
+    receiver.received.clear()
+
+    assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2
+
+    facts = receiver.facts("payments")
+    assert len(facts) == 2 and facts[0].event_id == facts[1].event_id
+    assert SandboxFault.objects.get().remaining == 0
+    assert sandbox_counts()["webhooks_undelivered"] == 0
+
+
 def test_it_delivers_each_event_once_however_many_ticks_overlap(sandbox, receiver):
     # Two ticks at once (a slow console, a backlog of ticks drained by a threads-pool
     # worker) read the same undelivered batch; only one of them may send it.

@@ -7,6 +7,11 @@ from operations.models import RunStatus
 from replays.selectors import RunFilters
 
 
+class ConversationForm(forms.Form):
+    # As the runtime wrote it: spaces are part of an id, not a typing slip.
+    id = forms.CharField(max_length=40, strip=False)
+
+
 class RunFilterForm(FilterForm):
     tenant = forms.ChoiceField(required=False)
     workflow = forms.CharField(required=False, max_length=100)

@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET
 from operations.htmx import page_render
 from operations.intents import intent_summary
 from operations.selectors import keyset_page, run_ancestors, tenants_for_user
-from replays.forms import RunFilterForm
+from replays.forms import ConversationForm, RunFilterForm
 from replays.selectors import (
     RunFilters,
     run_checkpoints,
@@ -57,7 +57,15 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 @require_GET
-def conversation_detail(request: HttpRequest, conversation_id: str) -> HttpResponse:
+def conversation_detail(
+    request: HttpRequest, conversation_id: str | None = None
+) -> HttpResponse:
+    if conversation_id is None:
+        form = ConversationForm(request.GET)
+        if not form.is_valid():
+            # No id, or one no run can have (too long, a NUL byte PostgreSQL refuses).
+            raise Http404("No such conversation")
+        conversation_id = form.cleaned_data["id"]
     # The newest page only: an agent that loops can leave thousands of runs in one
     # conversation. The run list, filtered by it, pages through the rest.
     runs, next_cursor = keyset_page(

@@ -66,6 +66,11 @@ class Run(models.Model):
             models.CheckConstraint(
                 condition=models.Q(mode__in=RunMode.values), name="run_mode_valid"
             ),
+            # Every run is part of a conversation, and its pages link that conversation: a blank
+            # id names none, and no page could lead to it.
+            models.CheckConstraint(
+                condition=models.Q(conversation_id__regex=r"\S"), name="run_conversation_named"
+            ),
             # Lineage is all or nothing: a derived run names its parent and its checkpoint,
             models.CheckConstraint(
                 condition=models.Q(mode=RunMode.ORIGINAL, parent_run__isnull=True)

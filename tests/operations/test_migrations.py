@@ -68,3 +68,27 @@ def test_it_marks_derived_runs_without_a_reason_as_such_across_0026(acme):
         "not recorded: launched before a reason was required")
     assert Run.objects.get(id=given.id).launch_reason == "debug"
     assert Run.objects.get(id=checkpoint.run_id).launch_reason == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_a_run_without_a_conversation_from_before_0027_and_shows_it(acme, approver):
+    from operations.engine import operation_prepare
+    from operations.models import Run
+    from tests.factories import RunFactory
+    from tests.helpers import signed_in
+    from tests.operations.engine_helpers import PAYMENT
+
+    with migrated_back_to([("operations", "0026_run_lineage_immutable")]) as forward:
+        run = RunFactory(tenant=acme, conversation_id="")
+        op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                               run=run, command_id="cmd_pay")
+
+        forward([("operations", "0027_run_conversation_named")])
+
+    # Its lineage never changes (0026): it stays as written, and its pages say so.
+    assert Run.objects.get(id=run.id).conversation_id == ""
+    client = signed_in(approver)
+    for url in (f"/runs/{run.id}/", "/approvals/"):
+        html = client.get(url).content.decode()
+        assert op.id in html or run.id in html, url
+        assert "none recorded" in html, url

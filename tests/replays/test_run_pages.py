@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -126,6 +127,48 @@ def test_it_groups_runs_by_conversation(lineage, approver):
     runs = {run.id: run.operation_count for run in client.get("/runs/").context["runs"]}
     assert runs == {original.id: 1, branch.id: 0}
     assert client.get("/runs/conversations/conv_NOPE/").status_code == 404
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("conversation_id", [
+    "slack/C024BE91L/1355517523", "..", "a/../b?c=1#d e", " padded ",
+])
+def test_it_leads_to_a_conversation_whatever_its_id_holds(acme, approver, conversation_id):
+    """The agent's runtime writes a conversation id unchecked. One a path segment cannot
+    carry (a Slack thread's "team/channel/ts") made its run's page answer 500, and with it
+    the whole approval queue of its tenant, for everyone who sees that tenant."""
+    run = Run.objects.create(conversation_id=conversation_id, tenant=acme,
+                             workflow_name="pay_invoices", workflow_version=1,
+                             state_schema_version=1)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                           command_id="cmd_pay")
+    client = signed_in(approver, raise_request_exception=False)
+    links = set()
+    for url in ("/approvals/", "/runs/", f"/runs/{run.id}/"):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        html = response.content.decode()
+        assert op.id in html or run.id in html, url
+        links.update(re.findall(r'href="(/runs/conversations/[^"]*)"', html))
+    # The queue's card and the run's page link the same conversation, and it is this one.
+    assert len(links) == 1, links
+    page = client.get(unescape(links.pop()))
+    assert page.status_code == 200
+    assert page.context["conversation_id"] == conversation_id
+    assert [r.id for r in page.context["runs"]] == [run.id]
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_run_without_a_conversation(acme, approver):
+    for blank in ("", "  \n"):
+        with pytest.raises(IntegrityError, match="run_conversation_named"), \
+                transaction.atomic():
+            RunFactory(tenant=acme, conversation_id=blank)
+    assert not Run.objects.exists()
+    # Nor is there a conversation page for none (nor for an id no run can have).
+    client = signed_in(approver)
+    for query in ({}, {"id": ""}, {"id": "\x00"}, {"id": "c" * 41}):
+        assert client.get("/runs/conversations/", query).status_code == 404, query
 
 
 @pytest.mark.django_db

@@ -13,12 +13,18 @@ from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 
 
+def fragment_requested(request: HttpRequest) -> bool:
+    """Whether page_render answers with the partial: a view may then skip what only the
+    rest of the page shows."""
+    # htmx's history restore (Back to a pushed URL it no longer caches) also says HX-Request,
+    # but it replaces the whole body: it needs the page, not the fragment.
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
 def page_render(
     request: HttpRequest, template: str, context: dict[str, Any], *, partial: str
 ) -> HttpResponse:
-    # htmx's history restore (Back to a pushed URL it no longer caches) also says HX-Request,
-    # but it replaces the whole body: it needs the page, not the fragment.
-    swap = bool(request.htmx) and not request.htmx.history_restore_request
+    swap = fragment_requested(request)
     response = render(request, f"{template}#{partial}" if swap else template, context)
     # One URL answers a fragment or a page, by both headers: a cache must never hand one out
     # for the other (a fragment as the page Back restores, a page inside the table).

@@ -12,11 +12,17 @@ class ConversationForm(forms.Form):
     id = forms.CharField(max_length=40, strip=False)
 
 
+class CheckpointPageForm(forms.Form):
+    # A checkpoint's sequence, as the page's link wrote it (PositiveIntegerField's range).
+    before = forms.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+
+
 class RunFilterForm(FilterForm):
     tenant = forms.ChoiceField(required=False)
     workflow = forms.CharField(required=False, max_length=100)
     status = forms.ChoiceField(required=False, choices=[("", "any"), *RunStatus.choices])
     conversation = forms.CharField(required=False, max_length=40, label="Conversation id")
+    parent = forms.CharField(required=False, max_length=40, label="Derived from run")
     before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput,
                              validators=[ID_CURSOR])
 
@@ -32,4 +38,5 @@ class RunFilterForm(FilterForm):
             workflow=(data.get("workflow") or "").strip(),
             status=data.get("status") or "",
             conversation=(data.get("conversation") or "").strip(),
+            parent=(data.get("parent") or "").strip(),
         )

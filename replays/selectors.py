@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.contrib.postgres.fields import ArrayField
+from django.db.models import (
+    Count,
+    F,
+    Func,
+    IntegerField,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    TextField,
+)
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
@@ -19,6 +29,7 @@ class RunFilters:
     workflow: str = ""
     status: str = ""
     conversation: str = ""
+    parent: str = ""  # a run id: the runs replayed or branched from it
 
 
 def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
@@ -31,6 +42,9 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
         qs = qs.filter(status=filters.status)
     if filters.conversation:
         qs = qs.filter(conversation_id=filters.conversation)
+    if filters.parent:
+        # Within the run's tenant, as its page lists them: not another tenant's run's ids.
+        qs = qs.filter(parent_run_id=filters.parent, parent_run__tenant_id=F("tenant_id"))
     # A correlated count, evaluated only for the rows of the page: a joined Count would make
     # PostgreSQL group every matching run before the keyset LIMIT could stop it.
     operation_count = (
@@ -66,25 +80,61 @@ def run_for_user(user, run_id: str) -> Run:
     return run
 
 
-def run_children(run: Run) -> list[Run]:
-    return list(
-        run.children.filter(tenant_id=run.tenant_id).select_related("launched_by").order_by("id")
+def run_children(run: Run) -> QuerySet[Run]:
+    """The runs replayed or branched from this one, in its tenant, newest first."""
+    return (
+        run.children.filter(tenant_id=run.tenant_id).select_related("launched_by").order_by("-id")
     )
 
 
-def run_checkpoints(run: Run) -> list[Checkpoint]:
-    """The run's checkpoints, each with `state_fields`: the names of its state's fields, the
-    only part of a state a page shows (values can hold personal data). Named here, not in
-    the template, where `state.keys` is a lookup of a field called "keys" first."""
-    checkpoints = list(run.checkpoints.select_related("created_by").order_by("sequence"))
+class _ObjectFieldNames(Func):
+    """The names of a JSON object's fields in jsonb's order; none for any other value."""
+
+    template = (
+        "ARRAY(SELECT jsonb_object_keys(v) FROM (SELECT %(expressions)s AS v) AS json_value"
+        " WHERE jsonb_typeof(v) = 'object')"
+    )
+    output_field = ArrayField(TextField())
+
+
+class _ArrayLength(Func):
+    """How many items a JSON array holds; 0 for any other value."""
+
+    template = (
+        "COALESCE((SELECT jsonb_array_length(v) FROM (SELECT %(expressions)s AS v) AS json_value"
+        " WHERE jsonb_typeof(v) = 'array'), 0)"
+    )
+    output_field = IntegerField()
+
+
+def run_checkpoints(run: Run) -> QuerySet[Checkpoint]:
+    """The run's checkpoints, newest first, with `state_field_names` and
+    `recorded_input_count` read in PostgreSQL: a state and its recorded inputs (LLM
+    responses, tool reads) can be large, and the page shows neither."""
+    return (
+        run.checkpoints.only("id", "run", "sequence", "node", "state_hash", "created_at")
+        .annotate(state_field_names=_ObjectFieldNames("state"),
+                  recorded_input_count=_ArrayLength("recorded_inputs"))
+        .order_by("-sequence")
+    )
+
+
+def checkpoints_with_state_fields(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+    """Each with `state_fields`: the names of its state's fields, the only part of a state a
+    page shows (values can hold personal data). Named here, not in the template, where
+    `state.keys` is a lookup of a field called "keys" first."""
     for cp in checkpoints:
         # Masked as an intent's keys are: a state keyed by recipient or account names them.
-        cp.state_fields = (
-            [mask_inline(name) for name in cp.state] if isinstance(cp.state, dict) else []
-        )
+        cp.state_fields = [mask_inline(name) for name in cp.state_field_names]
     return checkpoints
 
 
-def run_operations(run: Run) -> list[Operation]:
+def run_operations(run: Run) -> QuerySet[Operation]:
+    """The run's effects, newest first, without what the page does not show of them."""
     # The run's tenant only, as everywhere on these pages (prepare refuses a mix anyway).
-    return list(run.operations.filter(tenant_id=run.tenant_id).order_by("id"))
+    return (
+        run.operations.filter(tenant_id=run.tenant_id)
+        .only("id", "tenant", "run", "action", "payload", "status", "command_id",
+              "checkpoint", "supersedes")
+        .order_by("-id")
+    )

@@ -6,12 +6,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from operations.htmx import page_render
+from operations.htmx import fragment_requested, page_render
 from operations.intents import intent_summary
 from operations.selectors import keyset_page, run_ancestors, tenants_for_user
-from replays.forms import ConversationForm, RunFilterForm
+from replays.forms import CheckpointPageForm, ConversationForm, RunFilterForm
 from replays.selectors import (
     RunFilters,
+    checkpoints_with_state_fields,
     run_checkpoints,
     run_children,
     run_for_user,
@@ -44,16 +45,37 @@ def run_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     run = run_for_user(request.user, run_id)
-    operations = [
-        (op, intent_summary(action=op.action, payload=op.payload)) for op in run_operations(run)
-    ]
-    return render(request, "replays/run.html", {
+    form = CheckpointPageForm(request.GET)
+    if not form.is_valid():
+        raise Http404("Not a page of this run's checkpoints")
+    # A run that loops leaves thousands of checkpoints: the newest page, then older ones by
+    # sequence, as the conversation page does with runs.
+    checkpoints, older_checkpoints = keyset_page(
+        run_checkpoints(run), before=form.cleaned_data["before"], size=PAGE_SIZE,
+        key="sequence",
+    )
+    context = {
         "run": run,
-        "ancestors": run_ancestors(run),
-        "children": run_children(run),
-        "checkpoints": run_checkpoints(run),
-        "operations": operations,
-    })
+        "checkpoints": checkpoints_with_state_fields(checkpoints),
+        "older_checkpoints": older_checkpoints,
+    }
+    if not fragment_requested(request):
+        # The newest of each; the journal and the run list, filtered by this run, page
+        # through the rest.
+        operations, older_operations = keyset_page(run_operations(run), before=None,
+                                                   size=PAGE_SIZE)
+        children, older_children = keyset_page(run_children(run), before=None,
+                                               size=PAGE_SIZE)
+        context |= {
+            "ancestors": run_ancestors(run),
+            "children": children,
+            "older_children": older_children,
+            "operations": [
+                (op, intent_summary(action=op.action, payload=op.payload)) for op in operations
+            ],
+            "older_operations": older_operations,
+        }
+    return page_render(request, "replays/run.html", context, partial="checkpoint_rows")
 
 
 @require_GET

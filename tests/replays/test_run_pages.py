@@ -317,6 +317,68 @@ def test_it_shows_a_long_conversation_a_page_at_a_time(acme, auditor):
 
 
 @pytest.mark.django_db
+def test_it_shows_a_long_run_a_page_at_a_time(acme, auditor, monkeypatch):
+    """An agent that loops leaves thousands of checkpoints in one run: its page listed every
+    one, loading each one's whole state to show the names of its fields, with every effect
+    and every derived run beside them."""
+    size = 2
+    monkeypatch.setattr("replays.views.PAGE_SIZE", size)
+    run = RunFactory(tenant=acme)
+    Checkpoint.objects.bulk_create(
+        Checkpoint(run=run, sequence=n, node=f"loop_{n}",
+                   state={"history": ["x" * 100] * 10, "n": n},
+                   recorded_inputs=[{"class": "recorded_fact", "output": "y" * 100}] * 3,
+                   state_hash="sha256:" + "a" * 64)
+        for n in range(1, 2 * size + 2)
+    )
+    first_cp = Checkpoint.objects.get(run=run, sequence=1)
+    effects = [operation_prepare(tenant=acme, action="payments.create", run=run,
+                                 payload={**PAYMENT, "invoice_id": f"inv_{n}"},
+                                 command_id=f"cmd_{n}") for n in range(size + 1)]
+    children = [RunFactory(derived_from=first_cp) for _ in range(size + 1)]
+    client = signed_in(auditor)
+
+    def checkpoint_rows(html: str) -> list[int]:
+        return [int(n) for n in re.findall(r"<td>loop_(\d+)</td>", html)]
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(f"/runs/{run.id}/")
+    html = response.content.decode()
+    assert checkpoint_rows(html) == [5, 4]  # the newest first
+    assert "n, history" in html and "<td>3</td>" in html  # jsonb's order; inputs counted
+    # Neither the states nor the recorded inputs leave PostgreSQL for this page.
+    shown = response.context["checkpoints"]
+    assert all({"state", "recorded_inputs"} <= cp.get_deferred_fields() for cp in shown)
+    pages = [q["sql"] for q in queries if 'FROM "operations_checkpoint"' in q["sql"]]
+    assert pages and not any("OFFSET" in sql or "COUNT(" in sql for sql in pages)
+
+    older = re.search(rf'href="(/runs/{run.id}/\?before=4)"', html)
+    assert older and "Older checkpoints" in html
+    assert checkpoint_rows(client.get(older.group(1)).content.decode()) == [3, 2]
+    rows = client.get(older.group(1), HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in rows and checkpoint_rows(rows) == [3, 2]
+    assert effects[0].id not in rows and children[0].id not in rows
+    last = client.get(f"/runs/{run.id}/", {"before": 2}, HTTP_HX_REQUEST="true")
+    assert checkpoint_rows(last.content.decode()) == [1]
+    assert "Older checkpoints" not in last.content.decode()
+    for cursor in ("x", "0", "-1", "9" * 12):
+        assert client.get(f"/runs/{run.id}/", {"before": cursor}).status_code == 404, cursor
+
+    # The newest effects and derived runs; the journal and the run list page through the rest.
+    for newer in (*effects[1:], *children[1:]):
+        assert newer.id in html
+    assert effects[0].id not in html and children[0].id not in html
+    journal = re.search(rf'href="(/operations/\?run={run.id}&amp;before=op_\w+)"', html)
+    assert journal and "Older effects of this run" in html
+    rest = client.get(unescape(journal.group(1))).content.decode()
+    assert effects[0].id in rest and effects[1].id not in rest
+    derived = re.search(rf'href="(/runs/\?parent={run.id}&amp;before=run_\w+)"', html)
+    assert derived and "Older derived runs" in html
+    rest = client.get(unescape(derived.group(1))).content.decode()
+    assert children[0].id in rest and children[1].id not in rest
+
+
+@pytest.mark.django_db
 def test_it_says_the_time_zone_of_every_time_it_shows(lineage, auditor):
     """Every other page says UTC; a bare time on these read as the viewer's local time."""
     original, *_ = lineage
@@ -390,6 +452,9 @@ def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
         ):
             assert mine.id in html and not_theirs.id not in html, user.username
             assert "a run of another tenant" in html
+        # Nor found by the run of another tenant it names as its parent.
+        html = client.get("/runs/", {"parent": not_theirs.id}).content.decode()
+        assert mine.id not in html and "No runs match." in html, user.username
 
 
 @pytest.mark.django_db

@@ -130,11 +130,14 @@ def checkpoints_with_state_fields(checkpoints: list[Checkpoint]) -> list[Checkpo
 
 
 def run_operations(run: Run) -> QuerySet[Operation]:
-    """The run's effects, newest first, without what the page does not show of them."""
+    """The run's effects, newest first, without what the page does not show of them, and
+    with what operation_lineage reads of their checkpoints and the intents they replace."""
     # The run's tenant only, as everywhere on these pages (prepare refuses a mix anyway).
     return (
         run.operations.filter(tenant_id=run.tenant_id)
+        .select_related("checkpoint", "supersedes")
         .only("id", "tenant", "run", "action", "payload", "status", "command_id",
-              "checkpoint", "supersedes")
+              "checkpoint__id", "checkpoint__run", "checkpoint__sequence", "checkpoint__node",
+              "supersedes__id", "supersedes__tenant")
         .order_by("-id")
     )

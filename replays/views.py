@@ -8,7 +8,12 @@ from django.views.decorators.http import require_GET
 
 from operations.htmx import fragment_requested, page_render
 from operations.intents import intent_summary
-from operations.selectors import keyset_page, run_ancestors, tenants_for_user
+from operations.selectors import (
+    keyset_page,
+    operation_lineage,
+    run_ancestors,
+    tenants_for_user,
+)
 from replays.forms import CheckpointPageForm, ConversationForm, RunFilterForm
 from replays.selectors import (
     RunFilters,
@@ -70,8 +75,11 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
             "ancestors": run_ancestors(run),
             "children": children,
             "older_children": older_children,
+            # Lineage by the operation page's rule: never another tenant's intent, nor
+            # another run's checkpoint (a row from before operations 0016 can name them).
             "operations": [
-                (op, intent_summary(action=op.action, payload=op.payload)) for op in operations
+                (op, operation_lineage(op), intent_summary(action=op.action, payload=op.payload))
+                for op in operations
             ],
             "older_operations": older_operations,
         }

@@ -207,6 +207,52 @@ def test_it_refuses_lineage_across_tenants_and_never_lists_another_tenants_effec
 
 
 @pytest.mark.django_db
+def test_it_names_an_effects_lineage_as_its_own_page_does(lineage, globex, auditor):
+    """The run page's effects named each one's checkpoint and the intent it replaces straight
+    from the row's ids, where the operation's own page leaves out another tenant's intent and
+    another run's checkpoint (operation_lineage): a row from before operations 0016 showed an
+    acme auditor a globex operation's id, as a link, and a globex checkpoint."""
+    original, _branch, cp, op = lineage
+    theirs_run = Run.objects.create(conversation_id="conv_01GLOBEX", tenant=globex,
+                                    workflow_name="pay_invoices", workflow_version=1,
+                                    state_schema_version=1)
+    theirs_cp = Checkpoint.objects.create(run=theirs_run, sequence=1, node="globex_node",
+                                          state={}, state_hash="sha256:" + "b" * 64)
+    theirs = operation_prepare(tenant=globex, action="payments.create",
+                               payload={**PAYMENT, "invoice_id": "inv_GLOBEX"})
+    client = signed_in(auditor)
+
+    def run_page() -> tuple[str, int]:
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get(f"/runs/{original.id}/").content.decode()
+        return html, len(queries)
+
+    run_page()  # the first request fills per-process caches (content types)
+    # Within the tenant, the intent an effect replaces and its checkpoint are named.
+    replacing = operation_prepare(tenant=op.tenant, action="payments.create", run=original,
+                                  checkpoint=cp, supersedes=op, command_id="cmd_pay_01",
+                                  payload={**PAYMENT, "amount_minor": 1_000_000})
+    html, queries = run_page()
+    assert html.count(f'href="/operations/{op.id}/"') == 2  # its own row; the one replacing it
+    # In the checkpoints, where its branch came from, and as both effects' checkpoint.
+    assert html.count(f"<code>{cp.id}</code>") == 4
+
+    # A copy of it by hand, as a row from before operations 0016 is: it names globex's intent
+    # as the one it replaces and globex's checkpoint as its own.
+    replacing.pk, replacing.idempotency_key = "op_STRAYLINEAGE", "ik_stray_lineage"
+    replacing.supersedes, replacing.checkpoint = theirs, theirs_cp
+    with triggers_off(Operation):
+        replacing.save(force_insert=True)
+    html, more_queries = run_page()
+    assert "op_STRAYLINEAGE" in html and more_queries == queries  # read with the page's rows
+    for private in (theirs.id, theirs_cp.id, "globex_node"):
+        assert private not in html, private
+    # As the operation's own page leaves them out.
+    op_html = client.get("/operations/op_STRAYLINEAGE/").content.decode()
+    assert theirs.id not in op_html and theirs_cp.id not in op_html
+
+
+@pytest.mark.django_db
 def test_it_refuses_a_run_lineage_across_tenants_or_from_another_runs_checkpoint(
     lineage, globex
 ):

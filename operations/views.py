@@ -47,6 +47,7 @@ from operations.selectors import (
     operations_unknown_count,
     operations_unknown_queue,
     related_pages_for_user,
+    run_parent_in_tenant,
     tenant_perm_held,
     tenants_for_user,
     webhooks_for_review_for_user,
@@ -197,11 +198,13 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
 
 
 def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **panel: Any) -> dict:
+    lineage = operation_lineage(op)
     return {
         **_panel_context(request, op, **panel),
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
-        "lineage": operation_lineage(op),
+        "lineage": lineage,
+        "run_parent_id": run_parent_in_tenant(lineage.run) if lineage.run else None,
         "superseded_by": operation_superseded_by(op),
         "contract_facts": adapter_for(op.action).contract.facts(),
         "related_pages": related_pages_for_user(request.user, op),

@@ -22,6 +22,7 @@ from operations.selectors.journal import (
     operation_timeline,
     operations_journal,
     related_pages_for_user,
+    run_parent_in_tenant,
 )
 from operations.selectors.queues import (
     answers_for_review_for_user,
@@ -60,6 +61,7 @@ __all__ = [
     "operations_unknown_queue",
     "related_pages_for_user",
     "run_ancestors",
+    "run_parent_in_tenant",
     "runs_ancestors",
     "tenant_access_require",
     "tenant_ids_for_user",

@@ -85,6 +85,19 @@ def operation_lineage(op: Operation) -> OperationLineage:
     return OperationLineage(run=run, checkpoint=checkpoint, supersedes=supersedes)
 
 
+def run_parent_in_tenant(run: Run) -> str | None:
+    """The id of the run this one was replayed or branched from, if that is a run of its own
+    tenant: as on the run's page, lineage never names another tenant's run (a row from before
+    operations 0025 can)."""
+    if not run.parent_run_id:
+        return None
+    return (
+        Run.objects.filter(id=run.parent_run_id, tenant_id=run.tenant_id)
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
 def operation_superseded_by(op: Operation) -> Operation | None:
     """The intent that replaced this one, if any, in its tenant (see operation_lineage)."""
     return (

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
 from operations.engine import operation_prepare
-from operations.models import Checkpoint, Operation, Run
+from operations.models import Checkpoint, Operation, Run, RunMode
 from tests.helpers import signed_in, triggers_off
 
 pytestmark = pytest.mark.django_db
@@ -96,6 +96,54 @@ def test_it_shows_a_lineage_within_the_tenant(acme, approver):
     html = client.get(f"/approvals/{approval.id}/").content.decode()
     assert run.id in html and "conv_01ACME" in html and "77,777.00" in html  # the diff
     assert Approval.objects.get(operation=old).id in html  # the replaced intent's request
+
+
+def test_it_leads_from_an_operation_to_its_runs_page_and_where_that_run_came_from(
+    acme, globex, auditor, operator
+):
+    """The page linked its run only to the journal filtered by it, which shows no run: an
+    auditor following an effect back could not reach the run's checkpoints, parent and
+    derived runs from it, nor learn that the run was a replay or a branch."""
+    original = Run.objects.create(conversation_id="conv_01ACME", tenant=acme,
+                                  workflow_name="pay_invoices", workflow_version=1,
+                                  state_schema_version=1)
+    cp = Checkpoint.objects.create(run=original, sequence=1, node="prepare_payment",
+                                   state={}, state_hash="sha256:" + "d" * 64)
+    branch = Run.objects.create(conversation_id="conv_01ACME", tenant=acme,
+                                workflow_name="pay_invoices", workflow_version=1,
+                                state_schema_version=1, mode=RunMode.BRANCH,
+                                parent_run=original, parent_checkpoint=cp,
+                                launch_reason="changed amount", launched_by=operator)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=ACME_PAYMENT,
+                           run=branch, command_id="cmd_pay")
+    client = signed_in(auditor)
+    html = client.get(f"/operations/{op.id}/").content.decode()
+    assert f'href="/runs/{branch.id}/"' in html
+    assert f'href="/operations/?run={branch.id}"' in html  # the journal beside it
+    assert "Branch with change" in html and f'href="/runs/{original.id}/"' in html
+    first = operation_prepare(tenant=acme, action="payments.create", run=original,
+                              payload={**ACME_PAYMENT, "invoice_id": "inv_first"},
+                              command_id="cmd_pay")
+    html = client.get(f"/operations/{first.id}/").content.decode()
+    assert f'href="/runs/{original.id}/"' in html and "Run derived from" not in html
+
+    # A run derived from another tenant's (a row from before operations 0025) names it not.
+    theirs = Run.objects.create(conversation_id="conv_01GLOBEX", tenant=globex,
+                                workflow_name="pay_invoices", workflow_version=1,
+                                state_schema_version=1)
+    their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="globex_node",
+                                         state={}, state_hash="sha256:" + "b" * 64)
+    with triggers_off(Run):
+        adopted = Run.objects.create(
+            conversation_id="conv_01ACME", tenant=acme, workflow_name="pay_invoices",
+            workflow_version=1, state_schema_version=1, mode=RunMode.BRANCH,
+            parent_run=theirs, parent_checkpoint=their_cp, launch_reason="retry")
+    stray = operation_prepare(tenant=acme, action="payments.create", run=adopted,
+                              payload={**ACME_PAYMENT, "invoice_id": "inv_adopted"},
+                              command_id="cmd_pay")
+    html = client.get(f"/operations/{stray.id}/").content.decode()
+    assert f'href="/runs/{adopted.id}/"' in html and "a run of another tenant" in html
+    assert theirs.id not in html and their_cp.id not in html
 
 
 def test_it_reads_the_lineage_of_every_card_on_the_queue_in_the_same_queries(

@@ -143,6 +143,13 @@ def _iso_minor(amount: Any, currency: str) -> str:
     return str(whole) if not rest else str(Decimal(amount).scaleb(-shift))
 
 
+# Stripe holds a metadata value of at most 500 characters (docs.stripe.com/metadata) and
+# refuses a longer one with a 400; the sandbox holds its stand-in to the same number.
+METADATA_VALUE_MAX_LENGTH = 500
+# The intent's references, sent as metadata values.
+_METADATA_FIELDS = ("invoice_id", "beneficiary_id")
+
+
 class PaymentsCreateAdapter:
     @property
     def contract(self) -> ToolContract:
@@ -184,7 +191,7 @@ class PaymentsCreateAdapter:
             "metadata[tenant]": op.tenant,
         }
         # Stripe reads an empty metadata value as "unset", so absent fields are not sent.
-        for name in ("invoice_id", "beneficiary_id"):
+        for name in _METADATA_FIELDS:
             if payload.get(name):
                 params[f"metadata[{name}]"] = str(payload[name])
         return params
@@ -223,6 +230,10 @@ class PaymentsCreateAdapter:
         )
 
     def intent_problem(self, payload: Mapping[str, Any]) -> str:
+        for name in _METADATA_FIELDS:
+            if len(str(payload.get(name, ""))) > METADATA_VALUE_MAX_LENGTH:
+                return (f"payments.create: {name} is longer than {METADATA_VALUE_MAX_LENGTH} "
+                        "characters, the most the payments provider keeps of a reference")
         if stripe_amount(int(payload["amount_minor"]), str(payload["currency"])) is None:
             return (f"payments.create: the payments provider takes {payload['currency']} in "
                     "whole units only; the amount has a fraction")

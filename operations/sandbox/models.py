@@ -7,6 +7,10 @@ import secrets
 from django.db import models
 from ulid import ULID
 
+# The contracts' sizes, from the adapters that speak them: one number for both sides.
+from operations.providers.crm import DEAL_TEXT_MAX_LENGTHS
+from operations.providers.mail import ADDRESS_MAX_LENGTH
+
 
 def sandbox_id(prefix: str) -> str:
     return f"{prefix}_{ULID()}"
@@ -133,11 +137,11 @@ class PaymentIntent(models.Model):
 
 class Deal(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=_deal_id, editable=False)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=DEAL_TEXT_MAX_LENGTHS["name"])
     amount_minor = models.BigIntegerField()
     currency = models.CharField(max_length=3)
-    owner = models.CharField(max_length=150, blank=True)
-    stage = models.CharField(max_length=40, default="open")
+    owner = models.CharField(max_length=DEAL_TEXT_MAX_LENGTHS["owner"], blank=True)
+    stage = models.CharField(max_length=DEAL_TEXT_MAX_LENGTHS["stage"], default="open")
     version = models.PositiveIntegerField(default=1)
     # Deliberately not unique: a CRM without the constraint can hold duplicates, and the
     # console must be able to show that data incident.
@@ -155,7 +159,7 @@ class Deal(models.Model):
 
 class Message(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=_msg_id, editable=False)
-    to = models.CharField(max_length=254)
+    to = models.CharField(max_length=ADDRESS_MAX_LENGTH)
     template = models.CharField(max_length=100)
     params = models.JSONField(default=dict, blank=True)
     operation_id = models.CharField(max_length=120, blank=True)

@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
+from operations.providers.payments import METADATA_VALUE_MAX_LENGTH
 from operations.providers.signing import digests_equal
 from operations.sandbox import selectors, serializers, services
 from operations.sandbox.models import (
@@ -49,7 +50,10 @@ CURRENCY = re.compile(r"^[A-Za-z]{3}$")
 WRITE_METHODS = frozenset({"POST", "PATCH"})
 # The columns' sizes: a longer value is the client's mistake (400), never our crash (500).
 MAX_LENGTHS = {
-    "Idempotency-Key": 255, "metadata": 500, "name": 200, "owner": 150, "to": 254,
+    "Idempotency-Key": 255, "metadata": METADATA_VALUE_MAX_LENGTH,
+    "name": Deal._meta.get_field("name").max_length,
+    "owner": Deal._meta.get_field("owner").max_length,
+    "to": Message._meta.get_field("to").max_length,
     "template": 100, "agent_operation_id": 120, "operation_id": 120,
 }
 # The amount columns' size (bigint): a larger amount is refused too, never an insert's crash.

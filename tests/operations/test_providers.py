@@ -846,6 +846,79 @@ def test_it_refuses_to_prepare_a_sum_the_payments_provider_has_no_unit_for(acme)
         "currency": "MGA"})
 
 
+DEAL = {"name": "Renewal", "amount_minor": 100, "currency": "EUR", "owner": "anna@example.com"}
+DEAL_CHANGE = {"target": "deal_1", "expected_version": 1}
+MAIL = {"to": "anna@example.com", "template": "offer", "params": {}}
+PAYMENT = {"invoice_id": "inv_1", "beneficiary_id": "ben_7", "amount_minor": 1_200,
+           "currency": "EUR"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("action", "payload", "said"),
+    [
+        # Sent as Stripe metadata values, which hold at most 500 characters.
+        ("payments.create", {**PAYMENT, "invoice_id": "inv_" + "1" * 497},
+         "invoice_id is longer than 500 characters"),
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vendor_" + "7" * 494},
+         "beneficiary_id is longer than 500 characters"),
+        # The CRM contract: a deal's name 200, its owner 150, its stage 40.
+        ("crm.create_deal", {**DEAL, "name": "N" * 201}, "name is longer than 200 characters"),
+        ("crm.create_deal", {**DEAL, "owner": "o" * 139 + "@example.com"},
+         "owner is longer than 150 characters"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"name": "N" * 201}},
+         "patch.name is longer than 200 characters"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"stage": "s" * 41}},
+         "patch.stage is longer than 40 characters"),
+        # The mail contract (and RFC 5321): an address of at most 254 characters.
+        ("mail.send", {**MAIL, "to": "a" * 243 + "@example.com"},
+         "to is longer than 254 characters"),
+    ],
+    ids=["invoice_id", "beneficiary_id", "deal_name", "deal_owner", "patch_name",
+         "patch_stage", "mail_to"],
+)
+def test_it_refuses_to_prepare_what_the_providers_contract_cannot_hold(acme, action, payload,
+                                                                       said):
+    """Prepared, a person approved it, and the provider refused it with a 400 only then."""
+    from operations.engine import operation_prepare
+    from operations.intents import IntentError
+    from operations.models import AuditEvent, Operation
+
+    with pytest.raises(IntentError, match=said) as refused:
+        operation_prepare(tenant=acme, action=action, payload=payload)
+    assert "\n" not in str(refused.value)
+    assert not Operation.objects.exists()
+    assert not AuditEvent.objects.filter(action="operation.prepare").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_prepares_a_reference_as_long_as_the_payments_provider_takes_and_pays_it(
+    acme, approver, providers
+):
+    """The limit checked when prepared is the provider's own: one character more is refused
+    before anyone approves it, and one at the limit is paid."""
+    from operations.engine import operation_execute, operation_prepare
+    from operations.intents import IntentError
+    from operations.models import Operation
+    from tests.operations.engine_helpers import authorized_payment
+
+    longest = "inv_" + "1" * 496  # Stripe's most for a metadata value: 500 characters
+    with pytest.raises(IntentError, match="invoice_id is longer than"):
+        operation_prepare(tenant=acme, action="payments.create",
+                          payload={**PAYMENT, "invoice_id": longest + "1"})
+    assert not Operation.objects.exists()
+    assert not sandbox_requests(provider="payments").exists()
+
+    op = authorized_payment(acme, approver, invoice_id=longest)
+    operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert op.status == "succeeded", (op.status, op.error_code)
+    assert op.provider_calls == 1
+    assert PaymentIntent.objects.get().metadata["invoice_id"] == longest
+    assert sandbox_writes(provider="payments").count() == 1
+
+
 def test_it_accepts_a_stripe_signature_by_any_secret_in_rotation_and_no_other(settings):
     # While a secret rolls over Stripe signs with both: the header carries one v1= per secret,
     # and the one made with ours may come second.

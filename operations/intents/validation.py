@@ -97,13 +97,19 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
     ),
 }
 
-# Names that only ever hold secrets or card data: "secret" as any word of a field name
-# (`client_secret`, `secretKey`, `secret_token_id`), the others as its last words (`apiKey`,
-# `private_key`, `card-number`), never inside a word (`timespan`, `secretary`).
+# Names that only ever hold secrets or card data: "secret" or "secrets" as any word of a
+# field name (`client_secret`, `secretKey`, `secrets`), the others as its last words
+# (`apiKey`, `private_key`, `card-number`, `cvv2`), never inside a word (`timespan`,
+# `secretary`).
 _SECRET_NAMES = re.compile(
-    r"(?:^|_)secret(?:_|$)"
-    r"|(?:^|_)(password|passwd|token|api_?key|private_?key|card_?number|pan|cvv|cvc|iban_full)$"
+    r"(?:^|_)secrets?(?:_|$)"
+    r"|(?:^|_)(password|passwd|passphrase|pwd|token|api_?key|private_?key|card_?number|pan"
+    r"|cvv2?|cvc2?|iban_full)$"
 )
+# A header written as JSON writes headers is its name as the key and its value alone
+# ("Basic dXNl…", "bearer …"): the value is checked as the header line it stands for, since
+# the credential patterns know a lowercase bearer or a basic one only after its header.
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy_authorization"})
 _SECRET_VALUES = (
     (re.compile(r"\b(sk|rk)_(live|test)_[0-9A-Za-z]{8,}"), "an API secret key"),
     (re.compile(r"\bwhsec_[0-9A-Za-z]{8,}"), "a webhook secret"),
@@ -237,6 +243,13 @@ def _refuse_secrets(value: Any, path: str) -> None:
                 raise IntentError(
                     f"{_named(f'{path}.{key}')}: a field named like a secret is not allowed"
                 )
+            if _field_words(str(key)) in _CREDENTIAL_HEADERS and isinstance(inner, str):
+                what = _looks_like(f"authorization: {inner}")
+                if what:
+                    raise IntentError(
+                        f"{_named(f'{path}.{key}')}: looks like {what}; secrets never enter "
+                        "the journal"
+                    )
             if f"{path}.{key}" in _TYPED_NUMBER_PATHS and isinstance(inner, int):
                 continue
             _refuse_secrets(inner, f"{path}.{key}")

@@ -501,6 +501,52 @@ def test_it_refuses_every_field_named_like_a_secret_or_card_data(name):
 
 
 @pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        # As JSON writes a header, its name is the key: the value alone carries the scheme.
+        ({"headers": {"Authorization": "Basic dXNlcjpwYXNzd29yZA=="}}, "basic credentials"),
+        ({"headers": {"authorization": "bearer abcdefghijklmnopqrstuvwx"}}, "a bearer token"),
+        ({"headers": {"Proxy-Authorization": "Basic dXNlcjpwYXNzd29yZA=="}},
+         "basic credentials"),
+        # Names that only ever hold a secret or card data.
+        ({"secrets": {"db": "hunter2hunter2"}}, "a field named like a secret"),
+        ({"passphrase": "correct horse battery staple"}, "a field named like a secret"),
+        ({"pwd": "hunter2hunter2"}, "a field named like a secret"),
+        ({"card": {"cvv2": "123"}}, "a field named like a secret"),
+    ],
+    ids=["authorization-basic", "authorization-bearer", "proxy-authorization", "secrets",
+         "passphrase", "pwd", "cvv2"],
+)
+def test_it_refuses_credentials_under_a_headers_or_a_secrets_name(params, said):
+    with pytest.raises(IntentError, match=said) as refused:
+        intent_validate(action="mail.send", payload={**MAIL, "params": params})
+    message = str(refused.value)
+    assert "hunter2" not in message and "dXNlcj" not in message and "abcdefgh" not in message
+
+
+@pytest.mark.django_db
+def test_it_never_journals_a_headers_credentials_prepared_from_the_command_line(acme):
+    from operations.models import AuditEvent
+
+    payload = {**MAIL, "params": {"headers": {"Authorization": "Basic dXNlcjpwYXNzd29yZA=="}}}
+    with pytest.raises(CommandError) as refused:
+        call_command("operations", "prepare", "--tenant", "acme", "--action", "mail.send",
+                     "--payload", json.dumps(payload))
+    assert "basic credentials" in str(refused.value) and "dXNlcj" not in str(refused.value)
+    assert not Operation.objects.exists()
+    assert not AuditEvent.objects.filter(action="operation.prepare").exists()
+
+
+@pytest.mark.parametrize("params", [
+    {"headers": {"Authorization": "none: this vendor takes no credentials"}},
+    {"headers": {"X-Authorization-Mode": "Basic dXNlcjpwYXNzd29yZA=="}},
+    {"pwds_reset": 3, "passphrase_hint": "the usual", "secretsanta": "Anna"},
+])
+def test_it_accepts_what_only_names_credentials_without_holding_them(params):
+    intent_validate(action="mail.send", payload={**MAIL, "params": params})
+
+
+@pytest.mark.parametrize(
     ("value", "what"),
     [
         ("rk_test_abcdefgh1234", "an API secret key"),

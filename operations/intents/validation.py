@@ -66,6 +66,10 @@ _INVISIBLE = re.compile(f"[{FORMAT_CHARACTERS}]")
 # non-joiner, and an emoji sequence is held together by the joiner. Allowed in names only.
 _INVISIBLE_IN_NAMES = re.compile(f"(?![\u200c\u200d])[{FORMAT_CHARACTERS}]")
 _NAMES = {"name", "patch.name"}
+# Any space but U+0020 (a no-break space, a narrow or an ideographic one, a line separator)
+# is shown as an ordinary one on the approval card and in a diff, and a space at either end
+# is seen by no one: "vendor 77" and "vendor\u00a077" would be two payees that read alike.
+_ODD_SPACE = re.compile(r"[^\S ]")
 
 
 def _invisible_named(value: str, *, field: str = "") -> str:
@@ -150,9 +154,12 @@ _SECRET_VALUES = (
         "a URL with a password",
     ),
 )
-# Digits in groups, however they are separated: "4111 1111 1111 1111", "4111 - 1111 - …".
-_DIGIT_GROUPS = re.compile(rf"\d+(?:[{NUMBER_SEPARATORS}]+\d+)*")
-_GROUP_SEPARATOR = re.compile(rf"[{NUMBER_SEPARATORS}]+")
+# Digits in groups, however they are separated: "4111 1111 1111 1111", "4111 - 1111 - …",
+# "4111,1111,…" as a list or a CSV writes them. The comma joins groups only here: shown, it
+# parts a sum's thousands, and "1,250,000" stays whole.
+_CARD_SEPARATORS = NUMBER_SEPARATORS + ","
+_DIGIT_GROUPS = re.compile(rf"\d+(?:[{_CARD_SEPARATORS}]+\d+)*")
+_GROUP_SEPARATOR = re.compile(rf"[{_CARD_SEPARATORS}]+")
 # JSON's safe integers: beyond them a number is not the same number everywhere (RFC 8785).
 _MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -392,6 +399,18 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
             raise IntentError(
                 f"{action}: {name} holds an invisible character ({invisible}) "
                 "that would make two different values read alike"
+            )
+        odd_space = _ODD_SPACE.search(value)
+        if odd_space:
+            raise IntentError(
+                f"{action}: {name} holds a space other than an ordinary one "
+                f"(U+{ord(odd_space.group()):04X}) that would make two different values read "
+                "alike"
+            )
+        if value != value.strip(" "):
+            raise IntentError(
+                f"{action}: {name} begins or ends with a space that would make two different "
+                "values read alike"
             )
         # "José" with its accent composed or written apart reads the same on the card, but
         # hashes, and names a payee at the provider, differently: one form only, the usual.

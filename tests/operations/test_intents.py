@@ -673,6 +673,7 @@ def test_it_never_repeats_a_card_number_in_the_clis_refusal_line(acme):
         pytest.param("_", id="underscore"),
         pytest.param("/", id="slash"),
         pytest.param(" \u200b", id="space-and-zero-width-space"),
+        pytest.param(",", id="comma"),  # as a list or a CSV writes it
     ],
 )
 def test_it_refuses_a_card_number_whatever_joins_its_groups(separator):
@@ -823,6 +824,51 @@ def test_it_masks_a_deal_name_in_time_linear_in_its_length():
 def test_it_refuses_control_characters_in_an_intent(action, payload, said):
     with pytest.raises(IntentError, match=re.escape(said)):
         intent_validate(action=action, payload=payload)
+
+
+@pytest.mark.parametrize(
+    ("action", "payload", "said"),
+    [
+        # Shown as "vendor 77" on the approval card and in a diff, paid as another payee.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vendor\u00a077"},
+         "beneficiary_id holds a space other than an ordinary one (U+00A0)"),
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vendor\u202f77"},
+         "beneficiary_id holds a space other than an ordinary one (U+202F)"),
+        ("payments.create", {**PAYMENT, "invoice_id": "inv\u2028 9182"},
+         "invoice_id holds a space other than an ordinary one (U+2028)"),
+        # A space at either end is seen by no one.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vendor_77 "},
+         "beneficiary_id begins or ends with a space"),
+        ("payments.create", {**PAYMENT, "invoice_id": " inv_9182"},
+         "invoice_id begins or ends with a space"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "sam@acme.test "}},
+         "patch.owner begins or ends with a space"),
+        ("crm.create_deal", {**DEAL, "name": "Renewal\u30002026"},
+         "name holds a space other than an ordinary one (U+3000)"),
+    ],
+    ids=["nbsp", "narrow-nbsp", "line-separator", "trailing", "leading", "patch-owner",
+         "ideographic-space"],
+)
+def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, said):
+    with pytest.raises(IntentError, match=re.escape(said)):
+        intent_validate(action=action, payload=payload)
+
+
+def test_it_keeps_ordinary_spaces_inside_a_one_line_field():
+    payload = {**PAYMENT, "beneficiary_id": "Acme Corp LLP", "invoice_id": "INV 2026 0001"}
+    assert intent_validate(action="payments.create", payload=payload) == payload
+
+
+@pytest.mark.django_db
+def test_it_prepares_nothing_for_a_payee_that_reads_like_another(acme):
+    from operations.engine import operation_prepare
+    from operations.models import AuditEvent
+
+    with pytest.raises(IntentError, match="U\\+00A0"):
+        operation_prepare(tenant=acme, action="payments.create",
+                          payload={**PAYMENT, "beneficiary_id": "vendor\u00a077"})
+    assert not Operation.objects.exists()
+    assert not AuditEvent.objects.filter(action="operation.prepare").exists()
 
 
 @pytest.mark.parametrize("name", [

@@ -82,6 +82,13 @@ def operation_prepare(
         raise IntentError("command id must be an id: letters, digits and _ . : - only")
     if secret_in_text(command_id):
         raise IntentError("command id looks like card data or a secret; use the run's own id")
+    if command_id and run is None:
+        # A command's intent is found again only within its run (under the run's row lock):
+        # taken alone, a retried prepare of the same command recorded a second intent.
+        raise IntentError(
+            f"command {command_id} is given without its run; a command is one of a run's, "
+            "and only there is preparing it again the same intent (give the run too)"
+        )
     policy = policy_for(action)
     canonical, payload_hash = intent_canonical(
         action=action, tenant=tenant.slug, payload=payload, policy_version=policy.version

@@ -73,6 +73,19 @@ def test_it_prepares_inside_a_run_and_returns_the_same_operation_on_resume(acme)
 
 
 @pytest.mark.django_db
+def test_it_refuses_a_command_without_its_run_however_often_it_is_retried(acme):
+    """Only within its run is a command's intent found again: without --run, a runbook that
+    retried `prepare --command cmd_pay_7` after a dropped session prepared a second payment
+    intent (two approvals, two payments)."""
+    for _ in range(2):
+        with pytest.raises(CommandError) as refused:
+            _run(*prepare_args(extra=("--command", "cmd_pay_7")))
+        assert "without its run" in str(refused.value) and "\n" not in str(refused.value)
+    assert not Operation.objects.exists()
+    assert not AuditEvent.objects.filter(action="operation.prepare").exists()
+
+
+@pytest.mark.django_db
 def test_it_shows_an_operation_as_json(acme_unknown):
     data = json.loads(_run("show", acme_unknown.id, "--json"))
     op = acme_unknown

@@ -66,6 +66,23 @@ def test_it_returns_the_same_operation_when_a_resumed_node_prepares_again(acme, 
 
 
 @pytest.mark.django_db
+def test_it_refuses_a_command_without_its_run(acme, run):
+    # The run's row is the lock its commands are found again under: without it, preparing
+    # the same command again would record a second intent.
+    for _ in range(2):
+        with pytest.raises(IntentError, match="command cmd_pay_04 is given without its run"):
+            operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                              command_id="cmd_pay_04")
+    assert not Operation.objects.exists()
+    first = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=run,
+                              command_id="cmd_pay_04")
+    with pytest.raises(IntentError, match="without its run"):
+        operation_prepare(tenant=acme, action="payments.create", supersedes=first,
+                          command_id="cmd_pay_04", payload={**PAYMENT, "amount_minor": 1})
+    assert Operation.objects.get() == first
+
+
+@pytest.mark.django_db
 def test_it_makes_a_new_operation_with_its_own_key_when_a_branch_prepares_the_same_command(
     acme, run
 ):

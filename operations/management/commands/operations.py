@@ -162,7 +162,9 @@ class Command(BaseCommand):
         prepare.add_argument("--action", required=True, help="e.g. payments.create")
         prepare.add_argument("--payload", required=True, help="the intent as a JSON object")
         prepare.add_argument("--run", default="", help="run id the intent belongs to")
-        prepare.add_argument("--command", default="", dest="command_id", help="command id")
+        prepare.add_argument(
+            "--command", default="", dest="command_id", help="the run's command id (with --run)"
+        )
         prepare.add_argument(
             "--supersedes", default="", help="the operation this changed intent replaces"
         )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from operations.providers.base import (
     CallOutcome,
@@ -65,9 +67,30 @@ def _base() -> str:
     return settings.MAIL_API_BASE.rstrip("/")
 
 
+def _digest(value: Any) -> str:
+    # Keyed, so the journal keeps nothing an outsider could match against a guessed address.
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return salted_hmac("operations.providers.mail", blob, algorithm="sha256").hexdigest()
+
+
+def _recipient_digest(address: str) -> str:
+    # A domain is case-insensitive: a provider that writes it in lower case sent it to the
+    # same mailbox.
+    local, at, domain = address.strip().rpartition("@")
+    return _digest(f"{local}{at}{domain.lower()}" if at else address.strip())
+
+
 def _message_facts(message: Mapping[str, Any]) -> dict[str, Any]:
-    # Never the recipient or the template parameters: those are personal data.
-    return {"id": message.get("id", ""), "status": message.get("status", "")}
+    # Never the recipient or the template parameters themselves (personal data): their
+    # digests, which are enough to tell a message sent to someone else from the approved one.
+    facts: dict[str, Any] = {"id": message.get("id", ""), "status": message.get("status", "")}
+    if isinstance(message.get("to"), str):
+        facts["to_digest"] = _recipient_digest(message["to"])
+    if isinstance(message.get("template"), str):
+        facts["template"] = message["template"]
+    if isinstance(message.get("params"), dict):
+        facts["params_digest"] = _digest(message["params"])
+    return facts
 
 
 class MailSendAdapter:
@@ -162,9 +185,22 @@ class MailSendAdapter:
         return ""
 
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
-        # What the journal keeps of a message is its id and status, never its recipient or
-        # parameters (personal data): nothing of it can contradict the intent.
-        return ""
+        # A message can carry this operation's key or id and still go to someone else, or
+        # say something else: one sent under this key by something else. It is not the
+        # approved email. What the provider does not report contradicts nothing. Named by
+        # what differs, never by address: these words reach the timeline and the audit.
+        differs = []
+        if "to_digest" in facts and facts["to_digest"] != _recipient_digest(str(payload["to"])):
+            differs.append("recipient")
+        if "template" in facts and facts["template"] != payload["template"]:
+            differs.append("template")
+        params = dict(payload.get("params") or {})
+        if "params_digest" in facts and facts["params_digest"] != _digest(params):
+            differs.append("parameters")
+        if not differs:
+            return ""
+        return (f"{facts.get('id') or 'the message'} has another {' and '.join(differs)} "
+                "than the approved email")
 
     def retrieve(self, external_id: str) -> LookupResult:
         def found(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ def message_json(message: Message) -> dict[str, Any]:
         "object": "message",
         "to": message.to,
         "template": message.template,
+        "params": message.params,
         "status": message.status,
         "operation_id": message.operation_id,
         "idempotency_key": message.idempotency_key or "",

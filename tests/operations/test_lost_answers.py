@@ -380,6 +380,61 @@ def test_it_never_settles_an_operation_with_a_payment_for_another_sum(acme, appr
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_never_settles_a_mail_with_a_message_to_another_recipient(
+    acme, operator, providers, live_server
+):
+    from dataclasses import replace
+
+    from operations.engine.core import adapter, snapshot
+    from operations.models import AttemptOutcome, AuditEvent, EvidenceKind, WebhookEvent
+    from operations.sandbox.services import sandbox_message_deliver, sandbox_webhooks_deliver
+
+    op = engine.operation_prepare(tenant=acme, action="mail.send", payload=MAIL)
+    # A message sent under this operation's key to another recipient (by something else: a
+    # data incident). Our call is refused as a key reused with other parameters.
+    stray = adapter(op.action).call(
+        replace(snapshot(op), payload={**MAIL, "to": "ceo@acme.test"})).external_id
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert (op.status, op.error_code) == (S.UNKNOWN, "idempotency_error")
+
+    # An operator's "Reconcile now": the lookup by key finds that message.
+    report = engine.operation_reconcile(operation_id=op.id, actor=operator, reason="checking")
+
+    op.refresh_from_db()
+    assert report.outcome == "inconclusive"
+    assert (op.status, op.external_id, op.next_reconcile_at) == (S.UNKNOWN, "", None)
+    lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
+    assert (lookup.outcome, lookup.external_id) == (AttemptOutcome.INCONCLUSIVE, stray)
+    noted = op.evidence.get(kind=EvidenceKind.LOOKUP).summary
+    assert (f"{stray} has another recipient than the approved email: not the approved "
+            "effect; a person decides") in noted
+    assert "ceo@" not in noted and "cfo@" not in noted
+    assert AuditEvent.objects.filter(object_id=op.id, action="operation.reconcile").count() == 1
+    assert op.id not in engine.operations_due_for_reconcile()
+
+    # A re-delivered execute reconciles first: the same message, still a person's.
+    assert engine.operation_execute(operation_id=op.id).status == S.UNKNOWN
+    # The provider then delivers that message: its event is held, not applied.
+    sandbox_message_deliver(message_id=stray)
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+    event = WebhookEvent.objects.get(operation_id=op.id)
+    assert event.needs_review and not event.applied
+
+    # Nor does a person settle it with that message's reference.
+    refused = "has another recipient than the approved email"
+    with pytest.raises(engine.ReferenceRefused, match=refused):
+        engine.operation_resolve(
+            operation_id=op.id, actor=operator, outcome=S.SUCCEEDED, evidence_text="",
+            reason="the provider says delivered", provider_reference=stray)
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.UNKNOWN, "")
+    assert Message.objects.get().to == "ceo@acme.test"  # no second email either
+    assert len(sandbox_writes(provider="mail", operation_id=op.id)) == 2
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_never_settles_an_operation_with_a_call_answer_for_another_sum(
     acme, approver, providers, monkeypatch
 ):

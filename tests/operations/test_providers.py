@@ -781,6 +781,29 @@ def test_it_judges_a_payment_by_the_sum_and_currency_the_provider_reports():
     assert judged(amount=999) != ""
 
 
+def test_it_judges_a_message_by_its_recipient_template_and_parameters_without_keeping_them(
+    sandbox,
+):
+    adapter = adapter_for("mail.send")
+    op = snapshot("mail.send", MAIL)
+    sent = adapter.call(op)
+    assert adapter.disagreement(payload=MAIL, facts=sent.result) == ""
+    assert "cfo@acme.test" not in json.dumps(sent.result) and "inv_42" not in json.dumps(
+        sent.result)
+
+    def judged(**payload) -> str:
+        return adapter.disagreement(payload={**MAIL, **payload}, facts=sent.result)
+
+    msg = sent.external_id
+    assert judged(to="CFO@ACME.TEST") == f"{msg} has another recipient than the approved email"
+    assert judged(to="cfo@Acme.Test") == ""  # a domain is case-insensitive
+    assert judged(template="offer") == f"{msg} has another template than the approved email"
+    assert judged(to="ceo@acme.test", params={}) == (
+        f"{msg} has another recipient and parameters than the approved email")
+    # What the provider does not report contradicts nothing.
+    assert adapter.disagreement(payload={**MAIL, "to": "x@y.test"}, facts={"id": msg}) == ""
+
+
 @pytest.mark.parametrize(("currency", "amount_minor", "sent"), [
     ("EUR", 12_500, 12_500),
     ("JPY", 12_500, 12_500),

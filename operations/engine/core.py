@@ -44,6 +44,9 @@ from operations.services import audit_event_record
 S = OperationStatus
 # The error class of a call whose answer confirmed another effect than the approved one.
 NOT_THE_APPROVED_EFFECT = "disagreement"
+# The error code of an operation whose last lookup found several objects carrying it (a data
+# incident): which one is its effect is a person's call, so no event or answer picks one.
+SEVERAL_MATCHES = "several_matches"
 logger = logging.getLogger(__name__)
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from operations.engine.core import (
     LOOKUP_STATUS,
+    SEVERAL_MATCHES,
     S,
     accepted_recheck_at,
     lookup_attempt_fields,
@@ -273,6 +274,13 @@ def _inconclusive_record(
 ) -> ReconcileReport:
     """Inconclusive (or absent while accepted): stay where we are, with everything found."""
     retry_at = now + found.retry_after if found.retry_after else None
+    # Several objects carry the operation: recorded on it until a lookup finds one, or none,
+    # or a person decides, so no provider event or late answer settles it with one of them
+    # meanwhile (`provider_report_held`). A lookup that fails later leaves that standing.
+    incident = (
+        {"error_code": SEVERAL_MATCHES, "error_message": found.reason[:2000]}
+        if len(found.matches) > 1 else {}
+    )
     if op.status == S.ACCEPTED and retry_at is None:
         # The provider can no longer tell us (a key past its retention, say): it is a
         # person's now, in the operators' queue, not an accepted row nobody looks at.
@@ -282,7 +290,7 @@ def _inconclusive_record(
             evidence_kind=EvidenceKind.LOOKUP,
             summary="the final answer can no longer be looked up "
             f"({found.reason or found.outcome}); a person decides",
-            data=data, fields={"next_reconcile_at": None}, actor=actor,
+            data=data, fields={"next_reconcile_at": None, **incident}, actor=actor,
         )
         op.refresh_from_db()
         return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
@@ -298,7 +306,7 @@ def _inconclusive_record(
         op, calls_before=calls_before,
         summary=f"lookup inconclusive: {found.reason or found.outcome}"
         + (f"; next check {retry_at:%H:%M:%S}" if retry_at else "; waiting for a person"),
-        data=data, actor=actor, next_reconcile_at=retry_at,
+        data=data, actor=actor, next_reconcile_at=retry_at, fields=incident or None,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
 

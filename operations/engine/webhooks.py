@@ -258,6 +258,13 @@ def provider_report_held(
         # It names this operation but its object is not the approved effect (another sum):
         # applying its status would settle the operation with it.
         return f"{mismatch}; {op.id} stays {op.status}, a person decides"
+    if target is not None and op.error_code == core.SEVERAL_MATCHES:
+        # The last lookup found several objects carrying this operation: applied, this report
+        # would pick one of them (the first to be reported) and forget the others.
+        return (
+            f"the provider reports {target} ({external_id or 'no id'}), but several objects "
+            f"carry {op.id} ({op.error_message}); {op.id} stays {op.status}, a person decides"
+        )
     if target is not None and _outcome_contradicted(op, target, event=event):
         # The journal closed it (the provider refused it, or lookups proved it never done),
         # and the provider now reports the effect: no reordering of events explains that.

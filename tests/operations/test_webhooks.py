@@ -165,6 +165,49 @@ def test_it_holds_an_event_about_a_second_payment_carrying_the_operation_for_rev
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_holds_a_deal_event_while_the_lookup_left_several_deals_to_a_person(
+    acme, operator, providers, live_server
+):
+    from operations.sandbox.models import Deal
+    from operations.sandbox.selectors import sandbox_writes
+    from operations.sandbox.services import sandbox_webhooks_deliver
+    from operations.selectors import webhooks_held_for_review
+
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
+        "name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "dana"})
+    # The deal is made, its answer lost, and its deal.created event held back until later.
+    sandbox_fault_set(provider="crm", kind="commit_then_drop", match=op.id, seconds=3)
+    engine.operation_execute(operation_id=op.id)
+    original = Deal.objects.get(agent_operation_id=op.id)
+    # Someone else's integration created a second record carrying the same operation id.
+    Deal.objects.create(id="deal_dup", name=original.name, amount_minor=original.amount_minor,
+                        currency=original.currency, owner=original.owner,
+                        agent_operation_id=op.id)
+    report = engine.operation_reconcile(operation_id=op.id)
+    assert report.outcome == "inconclusive" and "data incident" in report.detail
+
+    # The CRM's event for the first deal arrives now: it must not pick that deal.
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.next_reconcile_at) == (S.UNKNOWN, "", None)
+    event = WebhookEvent.objects.get(operation_id=op.id)
+    assert event.external_id == original.id and event.needs_review and not event.applied
+    assert list(webhooks_held_for_review(operation=op)) == [event]
+    assert "several objects carry" in event.outcome
+    assert op.evidence.filter(kind="webhook", summary__contains="held for review").count() == 1
+    # Nothing is called on top while it waits: execute hands it to the operators' queue.
+    engine.operation_execute(operation_id=op.id)
+    assert Deal.objects.filter(agent_operation_id=op.id).count() == 2
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == 1
+
+    # A person decides, and only then does the operation leave their queue.
+    engine.operation_dispute(operation_id=op.id, actor=operator,
+                             reason="two deals for one renewal: sales merges them")
+    assert not webhooks_held_for_review(operation=op).exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_keeps_a_held_event_for_review_until_a_person_decides(
     acme, approver, operator, providers
 ):

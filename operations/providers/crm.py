@@ -100,10 +100,18 @@ def _call_result(
 ) -> CallResult:
     # The CRM answers a create or an update with the deal as it now is: only that deal,
     # carrying this operation, shows the change made.
-    return call_result(
+    result = call_result(
         answer, sent=body, outcome=lambda _: CallOutcome.SUCCEEDED, facts=_deal_facts,
         lacks=lacks,
     )
+    existing = answer.error.get("existing_id") if result.error_class == "already_exists" else ""
+    if isinstance(existing, str) and existing:
+        # Refused as a second deal for this agent_operation_id, naming the deal that has it:
+        # one an earlier call of ours made. It is this call's object, so the engine records
+        # it and the deal's absence later (deleted in the CRM) proves nothing: a create on
+        # it would be a second deal.
+        return replace(result, external_id=existing)
+    return result
 
 
 class CrmCreateDealAdapter:

@@ -508,6 +508,42 @@ def test_it_makes_one_deal_for_a_create_whatever_becomes_of_its_answer(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_never_creates_again_a_deal_the_crm_named_for_the_operation_and_then_lost(
+    acme, providers_drained
+):
+    op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload=DEAL)
+    # The first POST stalls 2.5 s at the CRM before creating; our client gives up at 1 s.
+    sandbox_fault_set(provider="crm", kind="delay", match=op.id, seconds=2.5)
+    engine.operation_execute(operation_id=op.id)
+    assert engine.operation_reconcile(operation_id=op.id).may_call_again  # not there yet
+    first = wait_for(lambda: Deal.objects.filter(agent_operation_id=op.id).first(),
+                     what="the stalled create to land")
+    # The retry is refused as a second deal, and the CRM names the one the first call made.
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert (op.status, op.error_code, op.external_id) == (S.UNKNOWN, "already_exists", first.id)
+    refused = op.attempts.get(number=3)
+    assert (refused.kind, refused.http_status, refused.external_id) == (
+        AttemptKind.CALL, 409, first.id)
+
+    Deal.objects.filter(id=first.id).delete()  # someone deletes it in the CRM
+    report = engine.operation_reconcile(operation_id=op.id)
+    engine.operation_execute(operation_id=op.id)
+
+    # The CRM named that deal for the operation: its absence proves nothing, and a create
+    # now would be a second deal. A person decides.
+    op.refresh_from_db()
+    assert (report.outcome, report.may_call_again) == ("inconclusive", False)
+    assert f"the provider no longer has {first.id}" in report.detail
+    assert (op.status, op.next_reconcile_at) == (S.UNKNOWN, None)
+    assert not Deal.objects.filter(agent_operation_id=op.id).exists()
+    wait_for(lambda: _all_answered("crm", op), what="every POST to end")
+    assert [w.response_status for w in sandbox_writes(provider="crm", operation_id=op.id)] == [
+        201, 409]
+    assert op.provider_calls == 2
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", LOST_ANSWERS)
 def test_it_applies_a_deal_update_once_whatever_becomes_of_its_answer(
     acme, approver, providers_drained, kind

@@ -517,6 +517,8 @@ def test_it_refuses_a_second_deal_for_one_operation_at_the_crm(sandbox):
         CallOutcome.UNKNOWN, "already_exists", 409
     )
     assert again.result["error"]["existing_id"] == first.external_id
+    # The deal it names is this call's object, so losing it later proves nothing.
+    assert again.external_id == first.external_id
     assert Deal.objects.filter(agent_operation_id=op.id).count() == 1
     assert [w.response_status for w in sandbox_writes(provider="crm", operation_id=op.id)] == [
         201, 409

@@ -396,6 +396,16 @@ PAYMENTS_API_KEY = _provider_credential(
     "PAYMENTS_API_KEY", "sk_test_sandbox", base=PAYMENTS_API_BASE)
 PAYMENTS_WEBHOOK_SECRET = _provider_credential(
     "PAYMENTS_WEBHOOK_SECRET", "whsec_sandbox_payments", base=PAYMENTS_API_BASE)
+# The saved PaymentMethod the console's account pays with: Stripe refuses a confirm=true
+# create that names none. Required with DEBUG off for a real provider, as its key is: the
+# default, "pm_card_visa", is one of Stripe's test-mode ids, which the sandbox takes too and
+# a live account does not have.
+PAYMENTS_PAYMENT_METHOD = os.environ.get("PAYMENTS_PAYMENT_METHOD", "")
+if not PAYMENTS_PAYMENT_METHOD:
+    if not DEBUG and not sandbox_endpoint(PAYMENTS_API_BASE):
+        raise ConfigError("PAYMENTS_PAYMENT_METHOD must be set: its provider is not the "
+                          f"sandbox ({PAYMENTS_API_BASE})")
+    PAYMENTS_PAYMENT_METHOD = "pm_card_visa"
 # The Stripe API version every payments request names (Stripe-Version); empty: the account's
 # default. Create the webhook endpoint at the same version: events come in its shapes.
 PAYMENTS_API_VERSION = os.environ.get("PAYMENTS_API_VERSION", "2024-06-20")

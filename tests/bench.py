@@ -288,6 +288,9 @@ def bench_provider_alone(
     def create(client: httpx.Client, i: int) -> int:
         return client.post(url, headers={**headers, "Idempotency-Key": f"ik_alone_{i}"}, data={
             "amount": 1000 + i, "currency": "eur", "confirm": "true",
+            "payment_method": settings.PAYMENTS_PAYMENT_METHOD,
+            "automatic_payment_methods[enabled]": "true",
+            "automatic_payment_methods[allow_redirects]": "never",
             "metadata[operation_id]": f"op_alone_{i}"}).status_code
 
     with httpx.Client(limits=httpx.Limits(max_keepalive_connections=8)) as client:

@@ -187,6 +187,12 @@ class PaymentsCreateAdapter:
             "amount": str(stripe_amount(int(payload["amount_minor"]), str(payload["currency"]))),
             "currency": str(payload["currency"]).lower(),
             "confirm": "true",
+            # Stripe confirms only with a payment method, and since API version 2023-08-16
+            # lets automatic payment methods redirect the customer unless told never to,
+            # refusing a confirm without a return_url: nobody is here to come back to one.
+            "payment_method": settings.PAYMENTS_PAYMENT_METHOD,
+            "automatic_payment_methods[enabled]": "true",
+            "automatic_payment_methods[allow_redirects]": "never",
             "metadata[operation_id]": op.id,
             "metadata[tenant]": op.tenant,
         }

@@ -240,13 +240,83 @@ def endpoint(
 # --- payments (Stripe PaymentIntents subset) ----------------------------------------------
 
 
-def _payment_params(params: Params) -> tuple[dict[str, Any], JsonResponse | None]:
+# The subset of Stripe's create parameters beyond amount, currency, confirm and metadata
+# that the payments adapter may send.
+PAYMENT_METHOD_PARAMS = frozenset({
+    "payment_method", "automatic_payment_methods[enabled]",
+    "automatic_payment_methods[allow_redirects]", "return_url",
+})
+PAYMENT_METHOD_TYPE_PARAM = re.compile(r"^payment_method_types\[\d+\]$")
+# Stripe's saved payment method ids (its test ones too: pm_card_visa).
+PAYMENT_METHOD_ID = re.compile(r"^(?:pm|card|src)_[A-Za-z0-9_]+$")
+# From this API version, an intent that names no payment_method_types takes automatic
+# payment methods, which may redirect the customer unless told never to.
+AUTOMATIC_PAYMENT_METHODS_FROM = "2023-08-16"
+
+
+def _boolean(params: Params, name: str, default: str) -> bool | None:
+    value = str(params.get(name, default)).lower()
+    return {"true": True, "false": False}.get(value)
+
+
+def _payment_method_problem(params: Params, *, confirm: bool, version: str) -> JsonResponse | None:
+    """What Stripe refuses about how a payment is to be paid, before it makes anything."""
+    method = str(params.get("payment_method", ""))
+    if method and not PAYMENT_METHOD_ID.match(method):
+        return invalid(f"No such PaymentMethod: '{method}'", code="resource_missing",
+                       param="payment_method")
+    types = [name for name in params if PAYMENT_METHOD_TYPE_PARAM.match(name)]
+    enabled = _boolean(params, "automatic_payment_methods[enabled]", "")
+    redirects = str(params.get("automatic_payment_methods[allow_redirects]", "always"))
+    if "automatic_payment_methods[enabled]" in params and enabled is None:
+        return invalid("Invalid boolean: automatic_payment_methods[enabled]",
+                       param="automatic_payment_methods[enabled]")
+    if "automatic_payment_methods[allow_redirects]" in params and enabled is None:
+        return invalid("Missing required param: automatic_payment_methods[enabled].",
+                       code="parameter_missing", param="automatic_payment_methods[enabled]")
+    if redirects not in {"always", "never"}:
+        return invalid("Invalid automatic_payment_methods[allow_redirects]: must be one of "
+                       "always or never", param="automatic_payment_methods[allow_redirects]")
+    if types and enabled:
+        return invalid("You may only specify one of these parameters: "
+                       "automatic_payment_methods, payment_method_types.",
+                       param="payment_method_types")
+    if not confirm:
+        return None
+    if not method:
+        return invalid(
+            "You cannot confirm this PaymentIntent because it's missing a payment method. "
+            "You can either update the PaymentIntent with a payment method and then confirm "
+            "it again, or confirm it again directly with a payment method.",
+            code="payment_intent_unexpected_state", param="payment_method",
+        )
+    automatic = enabled if enabled is not None else (
+        not types and (not version or version[:10] >= AUTOMATIC_PAYMENT_METHODS_FROM))
+    if automatic and redirects != "never" and not params.get("return_url"):
+        return invalid(
+            "A `return_url` must be specified because this Payment Intent is configured to "
+            "automatically accept the payment methods enabled in the Dashboard, some of which "
+            "may require a full page redirect to succeed. If you do not want to accept "
+            "redirect-based payment methods, set `automatic_payment_methods[enabled]` to "
+            "`true` and `automatic_payment_methods[allow_redirects]` to `never` when creating "
+            "Setup Intents and Payment Intents.",
+            # Stripe's message; the code is the sandbox's guess (Stripe documents none).
+            code="parameter_missing", param="return_url",
+        )
+    return None
+
+
+def _payment_params(
+    params: Params, *, version: str
+) -> tuple[dict[str, Any], JsonResponse | None]:
     metadata: dict[str, str] = {}
     for name, value in params.items():
         match = METADATA_PARAM.match(name)
         if match:
             metadata[match.group(1)] = str(value)
-        elif name not in {"amount", "currency", "confirm"}:
+        elif name not in {"amount", "currency", "confirm", *PAYMENT_METHOD_PARAMS} and not (
+            PAYMENT_METHOD_TYPE_PARAM.match(name)
+        ):
             return {}, invalid(f"Received unknown parameter: {name}", code="parameter_unknown",
                                param=name)
     try:
@@ -262,11 +332,14 @@ def _payment_params(params: Params) -> tuple[dict[str, Any], JsonResponse | None
     currency = str(params.get("currency", ""))
     if not CURRENCY.match(currency):
         return {}, invalid("Invalid currency", code="parameter_invalid", param="currency")
-    confirm = str(params.get("confirm", "false")).lower()
-    if confirm not in {"true", "false"}:
+    confirm = _boolean(params, "confirm", "false")
+    if confirm is None:
         return {}, invalid("Invalid boolean: confirm", param="confirm")
+    problem = _payment_method_problem(params, confirm=confirm, version=version)
+    if problem:
+        return {}, problem
     return {"amount": amount, "currency": currency.lower(), "metadata": metadata,
-            "confirm": confirm == "true"}, None
+            "confirm": confirm}, None
 
 
 def _payment_made(
@@ -288,7 +361,7 @@ def _payment_made(
 def payment_intents(request: HttpRequest, params: Params) -> HttpResponse:
     if request.method != "POST":
         return _not_allowed(request)
-    fields, problem = _payment_params(params)
+    fields, problem = _payment_params(params, version=request.headers.get("Stripe-Version", ""))
     key = request.headers.get("Idempotency-Key", "")
     if not key:
         if problem:

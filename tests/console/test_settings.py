@@ -27,7 +27,7 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
 
 PROVIDERS = {
     "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x",
-    "PAYMENTS_WEBHOOK_SECRET": "whsec_live_x",
+    "PAYMENTS_WEBHOOK_SECRET": "whsec_live_x", "PAYMENTS_PAYMENT_METHOD": "pm_1Live",
     "CRM_API_BASE": "https://crm.example.com/api", "CRM_API_KEY": "crm_live",
     "CRM_WEBHOOK_SECRET": "crm_whsec", "MAIL_API_BASE": "https://mail.example.com/api",
     "MAIL_API_KEY": "mail_live", "MAIL_WEBHOOK_SECRET": "mail_whsec",
@@ -50,6 +50,10 @@ PROVIDERS = {
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x"},
          "PAYMENTS_WEBHOOK_SECRET"),
+        # Stripe confirms no payment without one; the sandbox's is a test-mode id.
+        ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "PAYMENTS_API_BASE": "https://api.stripe.com", "PAYMENTS_API_KEY": "sk_live_x",
+          "PAYMENTS_WEBHOOK_SECRET": "whsec_live_x"}, "PAYMENTS_PAYMENT_METHOD"),
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
           "CRM_API_BASE": "https://crm.example.com/api"}, "CRM_API_KEY"),
         ({"DEBUG": "1", "OPERATION_LEASE_SECONDS": "thirty"}, "OPERATION_LEASE_SECONDS"),

@@ -15,6 +15,7 @@ from operations.providers.base import (
     LookupMethod,
     LookupOutcome,
     WebhookSignatureError,
+    request_fingerprint,
 )
 from operations.providers.signing import hmac_signature_header, stripe_signature_header
 from operations.providers.transport import Answer, call_failure, call_result
@@ -161,10 +162,39 @@ def test_it_makes_one_payment_when_the_same_key_is_sent_twice(sandbox):
     assert writes.count() == 2
 
 
-def test_it_is_unknown_when_the_same_key_comes_with_other_params(sandbox):
+def test_it_confirms_with_the_payment_method_the_account_pays_with(sandbox, settings):
+    """Stripe refuses a confirm=true create that names no payment method, and one whose
+    automatic payment methods may redirect a customer without a return_url to come back to:
+    the sandbox charged both, so every test passed on a request Stripe refuses."""
+    settings.PAYMENTS_PAYMENT_METHOD = "pm_card_mastercard"
+    op = payment()
+
+    made = PAYMENTS.call(op)
+
+    assert made.outcome is CallOutcome.SUCCEEDED
+    assert made.request_hash == request_fingerprint(PAYMENTS.params(op))
+    assert {name: value for name, value in PAYMENTS.params(op).items()
+            if "payment_method" in name} == {
+        "payment_method": "pm_card_mastercard", "automatic_payment_methods[enabled]": "true",
+        "automatic_payment_methods[allow_redirects]": "never"}
+    settings.PAYMENTS_PAYMENT_METHOD = ""
+    refused = PAYMENTS.call(payment())
+    assert (refused.outcome, refused.http_status) == (CallOutcome.FAILED, 400)
+    assert "missing a payment method" in refused.error_message
+    assert PaymentIntent.objects.get().id == made.external_id
+
+
+@pytest.mark.parametrize("change", ["amount", "payment_method"])
+def test_it_is_unknown_when_the_same_key_comes_with_other_params(sandbox, settings, change):
+    # A payment method changed in the settings while the operation's key is kept is one too:
+    # the key is refused, never a second payment made.
     op = payment()
     PAYMENTS.call(op)
-    changed = replace(op, payload={**op.payload, "amount_minor": 99_900})
+    changed = op
+    if change == "amount":
+        changed = replace(op, payload={**op.payload, "amount_minor": 99_900})
+    else:
+        settings.PAYMENTS_PAYMENT_METHOD = "pm_card_mastercard"
 
     result = PAYMENTS.call(changed)
 

@@ -35,7 +35,11 @@ from operations.sandbox.services import (
 from tests.operations.providers_support import payment, snapshot
 
 PAYMENTS = adapter_for("payments.create")
+# What a confirm Stripe accepts carries: a payment method, and automatic payment methods (on
+# by default since API version 2023-08-16) that never redirect, or else a return_url.
 VALID_PAYMENT = {"amount": "1000", "currency": "eur", "confirm": "true",
+                 "payment_method": "pm_card_visa", "automatic_payment_methods[enabled]": "true",
+                 "automatic_payment_methods[allow_redirects]": "never",
                  "metadata[operation_id]": "op_contract"}
 DEAL = {"name": "Acme renewal", "amount_minor": 500_000, "currency": "EUR", "owner": "dana"}
 MAIL = {"to": "cfo@acme.test", "template": "invoice_paid", "params": {"invoice": "inv_42"}}
@@ -80,6 +84,65 @@ def test_it_refuses_payment_params_stripe_refuses_and_leaves_the_key_unspent(
     fixed = create_payment(sandbox, VALID_PAYMENT, key="key-1")
     assert fixed.status_code == 200
     assert PaymentIntent.objects.count() == 1
+
+
+def without(params: dict[str, str], *names: str) -> dict[str, str]:
+    return {name: value for name, value in params.items() if name not in names}
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        (without(VALID_PAYMENT, "payment_method"), "payment_method"),
+        # Automatic payment methods by default, which may redirect the customer.
+        (without(VALID_PAYMENT, "automatic_payment_methods[enabled]",
+                 "automatic_payment_methods[allow_redirects]"), "return_url"),
+        ({**VALID_PAYMENT, "automatic_payment_methods[allow_redirects]": "always"},
+         "return_url"),
+        ({**VALID_PAYMENT, "payment_method": "visa"}, "payment_method"),
+    ],
+    ids=["no-payment-method", "default-redirects", "redirects", "not-a-payment-method"],
+)
+def test_it_refuses_to_confirm_a_payment_stripe_cannot_confirm_and_leaves_the_key_unspent(
+    sandbox, params, param
+):
+    refused = create_payment(sandbox, params, key="key-confirm")
+
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert PaymentIntent.objects.count() == SandboxWebhook.objects.count() == 0
+    assert IdempotencyRecord.objects.count() == 0
+    assert sandbox_requests(provider="payments").get().response_status == 400
+
+
+@pytest.mark.parametrize(
+    ("params", "version", "status"),
+    [
+        (VALID_PAYMENT, "2024-06-20", "succeeded"),
+        ({**without(VALID_PAYMENT, "automatic_payment_methods[allow_redirects]"),
+          "return_url": "https://console.example.com/back"}, "2024-06-20", "succeeded"),
+        ({**without(VALID_PAYMENT, "automatic_payment_methods[enabled]",
+                    "automatic_payment_methods[allow_redirects]"),
+          "payment_method_types[0]": "card"}, "2024-06-20", "succeeded"),
+        # Before 2023-08-16 an intent took only cards unless told otherwise.
+        (without(VALID_PAYMENT, "automatic_payment_methods[enabled]",
+                 "automatic_payment_methods[allow_redirects]"), "2023-08-15", "succeeded"),
+        # Not confirmed: the payment method may come later.
+        ({**without(VALID_PAYMENT, "payment_method"), "confirm": "false"}, "2024-06-20",
+         "requires_confirmation"),
+    ],
+    ids=["never-redirects", "return-url", "cards", "old-version", "unconfirmed"],
+)
+def test_it_takes_the_payment_method_parameters_of_a_confirm_stripe_accepts(
+    sandbox, params, version, status
+):
+    made = ask("POST", f"{sandbox}/payments/v1/payment_intents", provider="payments",
+               headers={"Idempotency-Key": "key-pm", "Stripe-Version": version}, data=params)
+
+    assert made.status_code == 200, made.json()
+    assert made.json()["status"] == status
+    assert PaymentIntent.objects.get().id == made.json()["id"]
 
 
 def test_it_replays_a_keyed_create_with_stripes_status_body_and_header(sandbox):

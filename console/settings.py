@@ -429,9 +429,10 @@ PROVIDER_TIMEOUT_SECONDS = _float_env("PROVIDER_TIMEOUT_SECONDS", "10")
 
 # The sandbox providers are served under /sandbox/ with DEBUG on, or when asked for explicitly.
 SANDBOX_ENABLED = _flag_env("SANDBOX_ENABLED", False) or DEBUG
-# Payments at or above this amount stay `processing` until settled, to demo async results.
+# Payments at or above this amount stay `processing` until settled, to demo async results
+# (below Stripe's largest amount, 99999999, which the sandbox refuses beyond).
 SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = int(
-    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "100000000", positive=False,
+    _float_env("SANDBOX_PAYMENTS_ASYNC_FROM_MINOR", "10000000", positive=False,
                maximum=MAX_AMOUNT_MINOR)
 )
 # The sandbox's bank and mail server settle payments and deliver mail this long after they

@@ -112,6 +112,12 @@ STRIPE_ZERO_DECIMAL = frozenset({
 STRIPE_THREE_DECIMAL = frozenset({"BHD", "JOD", "KWD", "OMR", "TND"})
 
 
+# "The amount value supports up to eight digits" in Stripe's unit, whatever the currency. Its
+# minimum charge depends on the account's settlement currency (and a conversion into it), so
+# only the provider's answer can say whether a small sum is too small.
+STRIPE_MAX_AMOUNT = 99_999_999
+
+
 def _stripe_shift(currency: str) -> int:
     """Stripe's unit against ISO 4217's, as a power of ten: 2 for ISK (Stripe counts
     hundredths of what ISO counts whole), -2 for MGA, 0 wherever they agree."""
@@ -240,9 +246,17 @@ class PaymentsCreateAdapter:
             if len(str(payload.get(name, ""))) > METADATA_VALUE_MAX_LENGTH:
                 return (f"payments.create: {name} is longer than {METADATA_VALUE_MAX_LENGTH} "
                         "characters, the most the payments provider keeps of a reference")
-        if stripe_amount(int(payload["amount_minor"]), str(payload["currency"])) is None:
-            return (f"payments.create: the payments provider takes {payload['currency']} in "
+        currency = str(payload["currency"])
+        amount = stripe_amount(int(payload["amount_minor"]), currency)
+        if amount is None:
+            return (f"payments.create: the payments provider takes {currency} in "
                     "whole units only; the amount has a fraction")
+        if amount > STRIPE_MAX_AMOUNT:
+            # Refused now, not by the provider after a person approved a payment it cannot
+            # make.
+            return (f"payments.create: the payments provider takes at most "
+                    f"{_iso_minor(STRIPE_MAX_AMOUNT, currency)} {currency} (minor units) "
+                    "in one payment; the amount is larger")
         return ""
 
     def disagreement(self, *, payload: Mapping[str, Any], facts: Mapping[str, Any]) -> str:

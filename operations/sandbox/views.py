@@ -58,6 +58,18 @@ MAX_LENGTHS = {
 }
 # The amount columns' size (bigint): a larger amount is refused too, never an insert's crash.
 MAX_AMOUNT = 2**63 - 1
+# Stripe's limits on a payment's amount, in its unit for the currency: "up to eight digits",
+# and a minimum charge. The minimum is the account's settlement currency's, after conversion;
+# the sandbox's account settles in each currency it charges, so it keeps Stripe's published
+# minimums (docs.stripe.com/currencies, "Minimum and maximum charge amounts") for the
+# currencies that table lists, and for any other currency takes any positive amount.
+STRIPE_MAX_AMOUNT = 99_999_999
+STRIPE_MIN_AMOUNT = {
+    "usd": 50, "aed": 200, "aud": 50, "bgn": 100, "brl": 50, "cad": 50, "chf": 50, "czk": 1500,
+    "dkk": 250, "eur": 50, "gbp": 30, "hkd": 400, "huf": 17500, "inr": 50, "jpy": 50,
+    "mxn": 1000, "myr": 200, "nok": 300, "nzd": 50, "pln": 200, "ron": 200, "sek": 300,
+    "sgd": 50, "thb": 1000,
+}
 READ_FAULTS = (FaultKind.DELAY, FaultKind.HTTP_500)
 WRITE_FAULTS = (
     FaultKind.DELAY, FaultKind.SLOW, FaultKind.HTTP_500, FaultKind.VALIDATION_ERROR,
@@ -324,14 +336,16 @@ def _payment_params(
     except ValueError:
         return {}, invalid("Invalid integer: amount", code="parameter_invalid_integer",
                            param="amount")
-    if amount <= 0:
-        return {}, invalid("Amount must be positive", code="amount_too_small", param="amount")
-    if amount > MAX_AMOUNT:
-        return {}, invalid(f"Amount must be no more than {MAX_AMOUNT}", code="amount_too_large",
-                           param="amount")
     currency = str(params.get("currency", ""))
     if not CURRENCY.match(currency):
         return {}, invalid("Invalid currency", code="parameter_invalid", param="currency")
+    minimum = STRIPE_MIN_AMOUNT.get(currency.lower(), 1)
+    if amount < minimum:
+        return {}, invalid(f"Amount must be at least {minimum} {currency.lower()}",
+                           code="amount_too_small", param="amount")
+    if amount > STRIPE_MAX_AMOUNT:
+        return {}, invalid(f"Amount must be no more than {STRIPE_MAX_AMOUNT}",
+                           code="amount_too_large", param="amount")
     confirm = _boolean(params, "confirm", "false")
     if confirm is None:
         return {}, invalid("Invalid boolean: confirm", param="confirm")

@@ -45,7 +45,7 @@ def make_unknown(op: Operation, *, ago: timedelta = timedelta(minutes=5)) -> Ope
 def async_payment(tenant, approver=None) -> Operation:
     """Executed against the sandbox: at or above its async threshold a payment stays
     `processing` (accepted) until settled."""
-    op = authorized_payment(tenant, approver, amount_minor=150_000_000)
+    op = authorized_payment(tenant, approver, amount_minor=15_000_000)
     operation_execute(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == "accepted"

@@ -657,13 +657,14 @@ def test_it_shows_whole_the_sums_an_operator_compares(acme, operator, sandbox):
     from operations.sandbox.services import sandbox_payment_create
 
     # A payment of another sum than the approved one carries the operation: the lookup's
-    # evidence names both, and the operator decides by comparing them.
-    op = make_unknown(prepared_payment(acme, amount_minor=1_500_000_000))
-    sandbox_payment_create(amount=1_600_000_000, currency="kzt", confirm=True,
+    # evidence names both, and the operator decides by comparing them. Ten digits, as an
+    # account number's, in ISO minor units: MGA's, which Stripe counts in whole ariary.
+    op = make_unknown(prepared_payment(acme, amount_minor=1_500_000_000, currency="MGA"))
+    sandbox_payment_create(amount=16_000_000, currency="mga", confirm=True,
                            metadata={"operation_id": op.id, "tenant": acme.slug})
     assert operation_reconcile(operation_id=op.id).outcome == "inconclusive"
-    assert "is for 1600000000 KZT, the approved intent for 1500000000 KZT" in (
+    assert "is for 1600000000 MGA, the approved intent for 1500000000 MGA" in (
         op.evidence.last().summary)
     for url in ("/operations/unknown/", f"/operations/{op.id}/"):
         html = signed_in(operator).get(url).content.decode()
-        assert "1600000000 KZT" in html and "1500000000 KZT" in html, url
+        assert "1600000000 MGA" in html and "1500000000 MGA" in html, url

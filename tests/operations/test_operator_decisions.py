@@ -251,7 +251,7 @@ def test_it_refuses_a_resolution_of_a_status_the_operator_never_saw(
     from tests.operations.engine_helpers import authorized_payment
 
     # Large enough that the sandbox leaves the payment processing: accepted, not final.
-    op = authorized_payment(acme, approver, amount_minor=150_000_000)
+    op = authorized_payment(acme, approver, amount_minor=15_000_000)
     sandbox_fault_set(provider="payments", kind="http_500", match=op.id)  # nothing written
     engine.operation_execute(operation_id=op.id)
     assert Operation.objects.get(id=op.id).status == "unknown"

@@ -974,6 +974,32 @@ def test_it_prepares_a_reference_as_long_as_the_payments_provider_takes_and_pays
     assert sandbox_writes(provider="payments").count() == 1
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("currency", "largest"), [
+    ("EUR", 99_999_999),
+    ("ISK", 999_999),  # hundredths at Stripe: 999999 króna is eight digits there
+    ("MGA", 9_999_999_900),  # whole ariary at Stripe
+])
+def test_it_refuses_to_prepare_a_sum_larger_than_the_payments_provider_takes(
+    acme, currency, largest
+):
+    """Stripe takes at most eight digits in its unit: a larger sum, approved, could only
+    fail at the provider."""
+    from operations.engine import operation_prepare
+    from operations.intents import IntentError
+    from operations.models import Operation
+
+    payload = {"invoice_id": "inv_1", "beneficiary_id": "ben_7", "currency": currency}
+    too_large = largest + (100 if currency == "MGA" else 1)
+    with pytest.raises(IntentError, match="the payments provider takes at most"):
+        operation_prepare(tenant=acme, action="payments.create",
+                          payload={**payload, "amount_minor": too_large})
+    assert not Operation.objects.exists()
+    operation_prepare(tenant=acme, action="payments.create",
+                      payload={**payload, "amount_minor": largest})
+    assert Operation.objects.count() == 1
+
+
 def test_it_accepts_a_stripe_signature_by_any_secret_in_rotation_and_no_other(settings):
     # While a secret rolls over Stripe signs with both: the header carries one v1= per secret,
     # and the one made with ours may come second.

@@ -219,7 +219,7 @@ def test_it_spends_a_reordering_only_on_a_round_it_can_reorder(sandbox, receiver
     sandbox_fault_set(provider="payments", kind="out_of_order_webhooks")
     assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 1
     assert SandboxFault.objects.get().remaining == 1
-    slow = payment(amount_minor=150_000_000)  # processing now, succeeded when settled
+    slow = payment(amount_minor=15_000_000)  # processing now, succeeded when settled
     accepted = PAYMENTS.call(slow)
     sandbox_payment_settle(payment_intent_id=accepted.external_id)
     assert sandbox_webhooks_deliver(target_base_url=receiver.url) == 2

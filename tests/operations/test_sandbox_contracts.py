@@ -65,6 +65,11 @@ def create_payment(sandbox: str, data: dict[str, str], key: str = "") -> httpx.R
     [
         ({"coupon": "FREE"}, "parameter_unknown", "coupon"),
         ({"amount": "0"}, "amount_too_small", "amount"),
+        # Stripe: up to eight digits in its unit, and a minimum charge (0.50 USD).
+        ({"amount": "100000000", "currency": "usd"}, "amount_too_large", "amount"),
+        ({"amount": "49", "currency": "usd"}, "amount_too_small", "amount"),
+        ({"amount": "29", "currency": "gbp"}, "amount_too_small", "amount"),
+        ({"amount": "49", "currency": "jpy"}, "amount_too_small", "amount"),
         ({"amount": "12.50"}, "parameter_invalid_integer", "amount"),
         ({"currency": "euro"}, "parameter_invalid", "currency"),
         ({"confirm": "yes"}, "parameter_invalid", "confirm"),
@@ -83,6 +88,20 @@ def test_it_refuses_payment_params_stripe_refuses_and_leaves_the_key_unspent(
     # Stripe saves no result for a request that failed validation: the key is still free.
     fixed = create_payment(sandbox, VALID_PAYMENT, key="key-1")
     assert fixed.status_code == 200
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.parametrize(("amount", "currency", "status"), [
+    ("99999999", "usd", "processing"), ("50", "usd", "succeeded"), ("30", "gbp", "succeeded"),
+    # Outside Stripe's table of minimums the sandbox converts nothing: any positive amount.
+    ("1", "kzt", "succeeded"),
+])
+def test_it_takes_amounts_within_stripes_limits(sandbox, amount, currency, status):
+    made = create_payment(sandbox, {**VALID_PAYMENT, "amount": amount, "currency": currency},
+                          key="key-limits")
+
+    assert made.status_code == 200, made.json()
+    assert (made.json()["amount"], made.json()["status"]) == (int(amount), status)
     assert PaymentIntent.objects.count() == 1
 
 

@@ -421,7 +421,7 @@ def _stripe_event(op: Operation, *, event_id: str, status: str) -> bytes:
     return json.dumps({
         "id": event_id, "object": "event", "type": f"payment_intent.{status}",
         "created": int(time.time()),
-        "data": {"object": {"id": op.external_id, "status": status, "amount": 150_000_000,
+        "data": {"object": {"id": op.external_id, "status": status, "amount": 15_000_000,
                             "currency": "kzt", "metadata": {"operation_id": op.id}}},
     }).encode()
 

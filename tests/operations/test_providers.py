@@ -901,11 +901,12 @@ def test_it_refuses_to_prepare_a_sum_the_payments_provider_has_no_unit_for(acme)
         "currency": "MGA"})
 
 
-DEAL = {"name": "Renewal", "amount_minor": 100, "currency": "EUR", "owner": "anna@example.com"}
-DEAL_CHANGE = {"target": "deal_1", "expected_version": 1}
-MAIL = {"to": "anna@example.com", "template": "offer", "params": {}}
-PAYMENT = {"invoice_id": "inv_1", "beneficiary_id": "ben_7", "amount_minor": 1_200,
-           "currency": "EUR"}
+LONG_DEAL = {"name": "Renewal", "amount_minor": 100, "currency": "EUR",
+             "owner": "anna@example.com"}
+LONG_DEAL_CHANGE = {"target": "deal_1", "expected_version": 1}
+LONG_MAIL = {"to": "anna@example.com", "template": "offer", "params": {}}
+LONG_PAYMENT = {"invoice_id": "inv_1", "beneficiary_id": "ben_7", "amount_minor": 1_200,
+                "currency": "EUR"}
 
 
 @pytest.mark.django_db
@@ -913,20 +914,21 @@ PAYMENT = {"invoice_id": "inv_1", "beneficiary_id": "ben_7", "amount_minor": 1_2
     ("action", "payload", "said"),
     [
         # Sent as Stripe metadata values, which hold at most 500 characters.
-        ("payments.create", {**PAYMENT, "invoice_id": "inv_" + "1" * 497},
+        ("payments.create", {**LONG_PAYMENT, "invoice_id": "inv_" + "1" * 497},
          "invoice_id is longer than 500 characters"),
-        ("payments.create", {**PAYMENT, "beneficiary_id": "vendor_" + "7" * 494},
+        ("payments.create", {**LONG_PAYMENT, "beneficiary_id": "vendor_" + "7" * 494},
          "beneficiary_id is longer than 500 characters"),
         # The CRM contract: a deal's name 200, its owner 150, its stage 40.
-        ("crm.create_deal", {**DEAL, "name": "N" * 201}, "name is longer than 200 characters"),
-        ("crm.create_deal", {**DEAL, "owner": "o" * 139 + "@example.com"},
+        ("crm.create_deal", {**LONG_DEAL, "name": "N" * 201},
+         "name is longer than 200 characters"),
+        ("crm.create_deal", {**LONG_DEAL, "owner": "o" * 139 + "@example.com"},
          "owner is longer than 150 characters"),
-        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"name": "N" * 201}},
+        ("crm.update_deal", {**LONG_DEAL_CHANGE, "patch": {"name": "N" * 201}},
          "patch.name is longer than 200 characters"),
-        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"stage": "s" * 41}},
+        ("crm.update_deal", {**LONG_DEAL_CHANGE, "patch": {"stage": "s" * 41}},
          "patch.stage is longer than 40 characters"),
         # The mail contract (and RFC 5321): an address of at most 254 characters.
-        ("mail.send", {**MAIL, "to": "a" * 243 + "@example.com"},
+        ("mail.send", {**LONG_MAIL, "to": "a" * 243 + "@example.com"},
          "to is longer than 254 characters"),
     ],
     ids=["invoice_id", "beneficiary_id", "deal_name", "deal_owner", "patch_name",
@@ -960,7 +962,7 @@ def test_it_prepares_a_reference_as_long_as_the_payments_provider_takes_and_pays
     longest = "inv_" + "1" * 496  # Stripe's most for a metadata value: 500 characters
     with pytest.raises(IntentError, match="invoice_id is longer than"):
         operation_prepare(tenant=acme, action="payments.create",
-                          payload={**PAYMENT, "invoice_id": longest + "1"})
+                          payload={**LONG_PAYMENT, "invoice_id": longest + "1"})
     assert not Operation.objects.exists()
     assert not sandbox_requests(provider="payments").exists()
 

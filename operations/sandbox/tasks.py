@@ -7,7 +7,8 @@ from datetime import timedelta
 from celery import shared_task
 from django.conf import settings
 
-from operations.sandbox.services import sandbox_settle_due, sandbox_webhooks_deliver
+from operations.sandbox.delivery import sandbox_webhooks_deliver
+from operations.sandbox.services import sandbox_settle_due
 
 
 @shared_task(name="sandbox.tick", ignore_result=True)

@@ -184,7 +184,8 @@ def test_it_checks_a_pending_payment_again_later_not_at_every_sweep(
 def test_it_hands_a_payment_waiting_for_the_customers_3d_secure_to_a_person(
     acme, approver, providers, live_server
 ):
-    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.services import sandbox_payment_settle
 
     op = executed_into_a_fault(acme, approver, "requires_action")
     intent = PaymentIntent.objects.get()

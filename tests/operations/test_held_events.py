@@ -17,13 +17,13 @@ from operations.engine import findings as findings_module
 from operations.engine.core import lease_expired
 from operations.models import Operation, OperationStatus, WebhookEvent
 from operations.providers.base import CallOutcome, WebhookFacts
+from operations.sandbox.delivery import sandbox_webhooks_deliver
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import (
     sandbox_fault_set,
     sandbox_payment_create,
     sandbox_payment_settle,
-    sandbox_webhooks_deliver,
 )
 from operations.selectors import operations_unknown_queue, webhooks_held_for_review
 from tests.helpers import signed_in, wait_for

@@ -387,7 +387,8 @@ def test_it_never_settles_a_mail_with_a_message_to_another_recipient(
 
     from operations.engine.core import adapter, snapshot
     from operations.models import AttemptOutcome, AuditEvent, EvidenceKind, WebhookEvent
-    from operations.sandbox.services import sandbox_message_deliver, sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.services import sandbox_message_deliver
 
     op = engine.operation_prepare(tenant=acme, action="mail.send", payload=MAIL)
     # A message sent under this operation's key to another recipient (by something else: a

@@ -17,6 +17,7 @@ from django.utils import timezone
 from operations.providers import adapter_for, webhook_verifier_for
 from operations.providers.base import CallOutcome, LookupOutcome, request_fingerprint
 from operations.sandbox import services
+from operations.sandbox.delivery import sandbox_webhooks_deliver
 from operations.sandbox.models import (
     Deal,
     IdempotencyRecord,
@@ -36,7 +37,6 @@ from operations.sandbox.services import (
     sandbox_fault_set,
     sandbox_message_deliver,
     sandbox_payment_settle,
-    sandbox_webhooks_deliver,
 )
 from tests.helpers import Background, wait_for
 from tests.operations.providers_support import payment, snapshot

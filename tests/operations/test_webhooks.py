@@ -36,7 +36,8 @@ S = OperationStatus
 def test_it_applies_a_webhook_once_however_often_it_arrives(
     acme, approver, providers, live_server
 ):
-    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.services import sandbox_payment_settle
 
     op = async_payment(acme, approver)
     sandbox_fault_set(provider="payments", kind="duplicate_webhook", match="*", times=5)
@@ -87,7 +88,8 @@ def test_it_holds_a_payment_under_way_again_after_it_failed_unless_made_before_t
     acme, approver, providers, live_server, made, held
 ):
     from operations.providers.base import CallOutcome, WebhookFacts
-    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.services import sandbox_payment_settle
 
     op = async_payment(acme, approver)
     sandbox_payment_settle(payment_intent_id=op.external_id, status="failed")
@@ -168,9 +170,9 @@ def test_it_holds_an_event_about_a_second_payment_carrying_the_operation_for_rev
 def test_it_holds_a_deal_event_while_the_lookup_left_several_deals_to_a_person(
     acme, operator, providers, live_server
 ):
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
     from operations.sandbox.models import Deal
     from operations.sandbox.selectors import sandbox_writes
-    from operations.sandbox.services import sandbox_webhooks_deliver
     from operations.selectors import webhooks_held_for_review
 
     op = engine.operation_prepare(tenant=acme, action="crm.create_deal", payload={
@@ -246,7 +248,8 @@ def test_it_keeps_a_held_event_for_review_until_a_person_decides(
 def test_it_never_revives_an_operation_a_person_resolved(
     acme, approver, operator, providers, live_server
 ):
-    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.services import sandbox_payment_settle
 
     op = async_payment(acme, approver)
     # (Failed on words alone is refused while the provider holds the payment.)
@@ -270,7 +273,8 @@ def test_it_never_revives_an_operation_a_person_resolved(
 def test_it_never_moves_a_disputed_operation_on_a_webhook(
     acme, approver, operator, providers, live_server
 ):
-    from operations.sandbox.services import sandbox_payment_settle, sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.services import sandbox_payment_settle
 
     op = async_payment(acme, approver)
     engine.operation_dispute(operation_id=op.id, actor=operator,
@@ -326,7 +330,7 @@ def test_it_answers_400_to_a_signed_event_with_a_malformed_time(client, settings
 def test_it_lands_the_answer_that_its_own_payments_webhook_overtook(
     acme, approver, providers, live_server, settings
 ):
-    from operations.sandbox.services import sandbox_webhooks_deliver
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
 
     op = authorized_payment(acme, approver)
     # The provider commits the payment and says so by webhook before its answer arrives.

@@ -1,0 +1,1 @@
+"""The sandbox providers' HTTP APIs: the same contracts the adapters speak to real providers."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.urls import reverse
+from django.utils import timezone
 
 from operations.models import Operation
 from operations.signals import RelatedPage
@@ -26,16 +27,28 @@ def on_operation_related_pages(
 ) -> list[RelatedPage]:
     # The operation's page names who approved; the approval's page keeps the rest (the
     # comment, the diff against the intent it replaced), newest request first.
+    from approvals.models import ApprovalStatus
     from approvals.selectors import approvals_of_operation
 
+    now = timezone.now()
     pages = []
     for approval in approvals_of_operation(operation.id):
         note = approval.get_status_display().lower()
         if approval.decided_by:
             note += f" by {approval.decided_by.username}"
+        if approval.status == ApprovalStatus.APPROVED:
+            authorization = ""  # the operation's own authorization says by whom and until
+        elif approval.is_pending and approval.expires_at > now:
+            authorization = "awaiting approval"
+        elif approval.is_pending:
+            # Past its time, not yet swept: a decision sent now is refused.
+            authorization = "expired"
+        else:
+            authorization = note
         pages.append(RelatedPage(
             label=f"Approval {approval.id}",
             url=reverse("approvals:detail", args=[approval.id]),
             note=note,
+            authorization=authorization,
         ))
     return pages

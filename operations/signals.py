@@ -19,6 +19,11 @@ class RelatedPage:
     label: str
     url: str
     note: str = ""
+    # What this page says of an operation's missing authorization, in the words of the
+    # operation page's Authorization row: "awaiting approval" only while a decision can
+    # still be made, else how the request ended ("rejected by …", "superseded", "expired").
+    # Empty when it says nothing of it.
+    authorization: str = ""
 
 
 # Sent while an operation's page is rendered, for a user who may see the operation: each

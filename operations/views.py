@@ -199,6 +199,7 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
 
 def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **panel: Any) -> dict:
     lineage = operation_lineage(op)
+    related_pages = related_pages_for_user(request.user, op)
     return {
         **_panel_context(request, op, **panel),
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
@@ -207,7 +208,11 @@ def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **pane
         "run_parent_id": run_parent_in_tenant(lineage.run) if lineage.run else None,
         "superseded_by": operation_superseded_by(op),
         "contract_facts": adapter_for(op.action).contract.facts(),
-        "related_pages": related_pages_for_user(request.user, op),
+        "related_pages": related_pages,
+        # Newest first: the request that still counts names where authorization stands.
+        "authorization_note": next(
+            (page.authorization for page in related_pages if page.authorization), ""
+        ),
     }
 
 

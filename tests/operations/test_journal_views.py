@@ -343,6 +343,48 @@ def test_it_merges_evidence_and_audit_into_one_timeline_with_lineage(acme, appro
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("closed_by", "outcome"),
+    [("rejection", "rejected by approver"), ("supersede", "superseded"), ("expiry", "expired")],
+)
+def test_it_says_awaiting_approval_only_while_a_decision_can_still_be_made(
+    acme, approver, operator, closed_by, outcome
+):
+    """A rejected, replaced or expired intent is cancelled and will never be approved; its
+    page said "awaiting approval" beside the status Cancelled, telling an auditor or an
+    operator that a decision was still pending."""
+    from approvals.models import Approval
+    from approvals.services import approval_expire, approval_reject
+
+    op = prepared_payment(acme, invoice_id="inv_closed")
+    approval = Approval.objects.get(operation=op)
+    client = signed_in(operator)
+    assert '<span class="muted">awaiting approval</span>' in client.get(
+        f"/operations/{op.id}/").content.decode()
+
+    if closed_by == "rejection":
+        approval_reject(approval_id=approval.id, actor=approver, reason="wrong vendor")
+    elif closed_by == "supersede":
+        operation_prepare(tenant=acme, action="payments.create", supersedes=op,
+                          payload={**PAYMENT, "invoice_id": "inv_closed", "amount_minor": 1})
+    else:
+        Approval.objects.filter(id=approval.id).update(
+            expires_at=timezone.now() - timedelta(seconds=1))
+        # Past its time before the sweep closes it: a decision sent now is refused.
+        unswept = client.get(f"/operations/{op.id}/").content.decode()
+        assert "awaiting approval" not in unswept
+        assert '<span class="muted">expired</span>' in unswept
+        assert approval_expire(approval_id=approval.id)
+    op.refresh_from_db()
+    assert op.status == "cancelled" and op.provider_calls == 0
+
+    html = client.get(f"/operations/{op.id}/").content.decode()
+
+    assert "awaiting approval" not in html
+    assert f'<dt>Authorization</dt>\n      <dd><span class="muted">{outcome}</span>' in html
+
+
+@pytest.mark.django_db
 def test_it_queues_unknowns_oldest_first_with_the_last_evidence(acme, globex, operator):
     newer = make_unknown(prepared_payment(acme, invoice_id="inv_newer"), ago=timedelta(minutes=2))
     older = make_unknown(prepared_payment(acme, invoice_id="inv_older"), ago=timedelta(hours=2))

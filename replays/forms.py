@@ -21,7 +21,10 @@ class RunFilterForm(FilterForm):
     tenant = forms.ChoiceField(required=False)
     workflow = forms.CharField(required=False, max_length=100)
     status = forms.ChoiceField(required=False, choices=[("", "any"), *RunStatus.choices])
-    conversation = forms.CharField(required=False, max_length=40, label="Conversation id")
+    # As ConversationForm: the conversation page's link to its older runs carries the id
+    # as the runtime wrote it, spaces included.
+    conversation = forms.CharField(required=False, max_length=40, strip=False,
+                                   label="Conversation id")
     parent = forms.CharField(required=False, max_length=40, label="Derived from run")
     before = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput,
                              validators=[ID_CURSOR])
@@ -37,6 +40,6 @@ class RunFilterForm(FilterForm):
             tenant=data.get("tenant") or "",
             workflow=(data.get("workflow") or "").strip(),
             status=data.get("status") or "",
-            conversation=(data.get("conversation") or "").strip(),
+            conversation=data.get("conversation") or "",
             parent=(data.get("parent") or "").strip(),
         )

@@ -363,6 +363,31 @@ def test_it_shows_a_long_conversation_a_page_at_a_time(acme, auditor):
 
 
 @pytest.mark.django_db
+def test_it_leads_older_runs_of_a_padded_conversation_to_that_conversation(
+    acme, auditor, monkeypatch
+):
+    """The runtime writes conversation ids unchecked, spaces included (" conv_A " has its
+    own page). That page's "Older runs of this conversation" link goes to the run list,
+    whose filter stripped the id: it listed another conversation's runs ("conv_A"), or "No
+    runs match" while older runs of this one exist."""
+    monkeypatch.setattr("replays.views.PAGE_SIZE", 1)
+    older, newer = RunFactory.create_batch(2, tenant=acme, conversation_id=" conv_A ")
+    other = RunFactory(tenant=acme, conversation_id="conv_A")
+    client = signed_in(auditor)
+
+    page = client.get("/runs/conversations/", {"id": " conv_A "}).content.decode()
+    assert newer.id in page and older.id not in page and other.id not in page
+    link = re.search(r'href="(/runs/\?conversation=[^"]*)"', page)
+    assert link and "Older runs of this conversation" in page
+
+    rest = client.get(unescape(link.group(1)))
+
+    assert rest.status_code == 200
+    shown = set(re.findall(r'href="/runs/(run_\w+)/"', rest.content.decode()))
+    assert shown == {older.id}
+
+
+@pytest.mark.django_db
 def test_it_shows_a_long_run_a_page_at_a_time(acme, auditor, monkeypatch):
     """An agent that loops leaves thousands of checkpoints in one run: its page listed every
     one, loading each one's whole state to show the names of its fields, with every effect

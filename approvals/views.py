@@ -30,7 +30,12 @@ from approvals.services import (
     approval_reject,
 )
 from operations.forms import form_problem
-from operations.htmx import page_render, page_unmasking, unmasked_never_cached
+from operations.htmx import (
+    fragment_requested,
+    page_render,
+    page_unmasking,
+    unmasked_never_cached,
+)
 from operations.intents import intent_diff, intent_rows, intent_summary
 from operations.models import Action, Operation, Run
 from operations.selectors import (
@@ -152,7 +157,7 @@ def queue(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 # A fragment or the page from one URL: a cache must never hand out one for the other.
-@vary_on_headers("HX-Request")
+@vary_on_headers("HX-Request", "HX-History-Restore-Request")
 def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = approval_for_user(request.user, approval_id, "view_tenant")
     tenant = approval.operation.tenant
@@ -166,7 +171,10 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     replaced = card["lineage"].supersedes
     history = approvals_of_operation(replaced.id) if replaced else []
     context = {"card": card, "history": history, "here": request.get_full_path()}
-    template = "approvals/queue.html#card" if request.htmx else "approvals/detail.html"
+    # htmx's history restore also says HX-Request, but it needs the whole page.
+    template = (
+        "approvals/queue.html#card" if fragment_requested(request) else "approvals/detail.html"
+    )
     return unmasked_never_cached(render(request, template, context), unmasked=unmasked)
 
 

@@ -458,6 +458,29 @@ def test_it_shows_the_diff_of_a_superseded_intent_and_refuses_the_old_one(
     assert no_execute == []
 
 
+def test_it_answers_a_history_restore_of_an_approvals_page_with_the_whole_page(
+    acme, approver, prepare_payment
+):
+    """Back to an approval's page that htmx no longer caches asks for it with HX-Request and
+    HX-History-Restore-Request, and htmx puts the answer in place of the whole body. The page
+    tested HX-Request alone, so it gave back a bare card with no layout, and varied on
+    HX-Request only, so a cache could hand the card to the restore, or the page to a swap."""
+    from django.utils.cache import cc_delim_re
+
+    approval = prepare_payment(acme)
+    client = signed_in(approver)
+    url = reverse("approvals:detail", args=[approval.id])
+
+    swap = client.get(url, HTTP_HX_REQUEST="true")
+    restore = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+
+    assert approval.id in swap.content.decode() and "<html" not in swap.content.decode()
+    assert approval.id in restore.content.decode() and "<html" in restore.content.decode()
+    for response in (swap, restore):
+        vary = {h.strip().lower() for h in cc_delim_re.split(response["Vary"])}
+        assert {"hx-request", "hx-history-restore-request"} <= vary
+
+
 def test_it_shows_approvals_in_navigation(approver):
     html = signed_in(approver).get("/").content.decode()
     assert 'href="/approvals/"' in html

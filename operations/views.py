@@ -34,6 +34,7 @@ from operations.intents import intent_rows, intent_summary
 from operations.models import Operation, OperationStatus
 from operations.providers import adapter_for
 from operations.selectors import (
+    answers_for_review_count,
     answers_for_review_for_user,
     answers_held_for_review,
     keyset_page,
@@ -41,8 +42,10 @@ from operations.selectors import (
     operation_lineage,
     operation_superseded_by,
     operation_timeline,
+    operations_disputed_count,
     operations_disputed_queue,
     operations_journal,
+    operations_stuck_count,
     operations_stuck_queue,
     operations_unknown_count,
     operations_unknown_queue,
@@ -50,6 +53,7 @@ from operations.selectors import (
     run_parent_in_tenant,
     tenant_perm_held,
     tenants_for_user,
+    webhooks_for_review_count,
     webhooks_for_review_for_user,
     webhooks_held_for_review,
 )
@@ -93,19 +97,27 @@ def _summarized(ops: list[Operation]) -> list[tuple[Operation, str]]:
 
 @require_GET
 def operation_unknown(request: HttpRequest) -> HttpResponse:
-    queue = operations_unknown_queue(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    rows = _summarized(queue)
-    # Only a full page can have more behind it; then say how many wait in all.
-    total = operations_unknown_count(request.user) if len(rows) == UNKNOWN_QUEUE_SIZE else None
-    held = webhooks_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    held_answers = answers_for_review_for_user(request.user, limit=UNKNOWN_QUEUE_SIZE)
-    disputed = _summarized(operations_disputed_queue(request.user, limit=UNKNOWN_QUEUE_SIZE))
-    stuck = _summarized(operations_stuck_queue(request.user, limit=UNKNOWN_QUEUE_SIZE))
+    user = request.user
+
+    def in_all(shown: list, count: Callable[[Any], int]) -> int | None:
+        # Only a full page can have more behind it; then say how many wait in all.
+        return count(user) if len(shown) == UNKNOWN_QUEUE_SIZE else None
+
+    rows = _summarized(operations_unknown_queue(user, limit=UNKNOWN_QUEUE_SIZE))
+    held = webhooks_for_review_for_user(user, limit=UNKNOWN_QUEUE_SIZE)
+    held_answers = answers_for_review_for_user(user, limit=UNKNOWN_QUEUE_SIZE)
+    disputed = _summarized(operations_disputed_queue(user, limit=UNKNOWN_QUEUE_SIZE))
+    stuck = _summarized(operations_stuck_queue(user, limit=UNKNOWN_QUEUE_SIZE))
     # An auditor reads the same queue; it must not tell them to do what they may not.
-    may_operate = tenants_for_user(request.user, "operate_operations").exists()
+    may_operate = tenants_for_user(user, "operate_operations").exists()
     return render(request, "operations/unknown.html", {
-        "rows": rows, "total": total, "held": held, "held_answers": held_answers,
-        "disputed": disputed, "stuck": stuck, "may_operate": may_operate,
+        "rows": rows, "total": in_all(rows, operations_unknown_count),
+        "held": held, "held_total": in_all(held, webhooks_for_review_count),
+        "held_answers": held_answers,
+        "held_answers_total": in_all(held_answers, answers_for_review_count),
+        "disputed": disputed, "disputed_total": in_all(disputed, operations_disputed_count),
+        "stuck": stuck, "stuck_total": in_all(stuck, operations_stuck_count),
+        "may_operate": may_operate,
         # Nothing waits "for a person" is no claim to make to someone who sees no tenant.
         "sees_a_tenant": tenants_for_user(request.user).exists(),
     })

@@ -33,8 +33,12 @@ def operations_stuck_queue(user, *, limit: int = 100):
     else would see them."""
     return _operations_waiting(
         user, status=OperationStatus.IN_PROGRESS, order=("lease_expires_at", "id"),
-        limit=limit, lease_expires_at__lte=timezone.now(),
+        limit=limit, **_lease_ran_out(),
     )
+
+
+def _lease_ran_out() -> dict[str, Any]:
+    return {"lease_expires_at__lte": timezone.now()}
 
 
 def _operations_waiting(
@@ -99,3 +103,27 @@ def answers_for_review_for_user(user, *, limit: int = 100) -> list[Attempt]:
 def operations_unknown_count(user) -> int:
     """How many unknown operations the user may see (a range of the unknown partial index)."""
     return operations_for_user(user).filter(status=OperationStatus.UNKNOWN).count()
+
+
+# How many wait in all, for a queue whose page is full: each a range of a partial index (or
+# of (status, id)), never a count of the whole table.
+
+
+def operations_disputed_count(user) -> int:
+    return operations_for_user(user).filter(status=OperationStatus.DISPUTED).count()
+
+
+def operations_stuck_count(user) -> int:
+    return (
+        operations_for_user(user)
+        .filter(status=OperationStatus.IN_PROGRESS, **_lease_ran_out())
+        .count()
+    )
+
+
+def webhooks_for_review_count(user) -> int:
+    return webhooks_held_for_review(tenant_ids=tenant_ids_for_user(user)).count()
+
+
+def answers_for_review_count(user) -> int:
+    return answers_held_for_review(tenant_ids=tenant_ids_for_user(user)).count()

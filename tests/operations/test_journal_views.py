@@ -446,6 +446,56 @@ def test_it_says_how_many_unknowns_wait_beyond_the_queue_page(acme, operator, mo
 
 
 @pytest.mark.django_db
+def test_it_says_how_many_held_stuck_and_disputed_wait_beyond_the_queue_page(
+    acme, globex, operator, monkeypatch
+):
+    """The held, stuck and disputed lists stop at a page, as the unknown list does, but
+    only the unknown list said that more wait: an operator who settled every row shown was
+    left to think nothing else did."""
+    from operations.models import WebhookEvent
+
+    monkeypatch.setattr("operations.views.UNKNOWN_QUEUE_SIZE", 2)
+    now = timezone.now()
+
+    def waiting(tenant, name: str, **fields) -> list[Operation]:
+        ops = [prepared_payment(tenant, invoice_id=f"inv_{name}_{i}") for i in range(3)]
+        for i, op in enumerate(ops):
+            Operation.objects.filter(id=op.id).update(
+                status_changed_at=now - timedelta(minutes=10 - i), provider_calls=1,
+                **{k: v(i) if callable(v) else v for k, v in fields.items()})
+        return ops
+
+    disputed = waiting(acme, "disputed", status="disputed")
+    stuck = waiting(acme, "stuck", status="in_progress", lease_owner="w-dead",
+                    lease_expires_at=lambda i: now - timedelta(minutes=10 - i))
+    held_ops = waiting(acme, "held", status="succeeded")
+    for i, op in enumerate(held_ops):
+        WebhookEvent.objects.create(
+            provider="payments", event_id=f"evt_{i}", event_type="payment_intent.succeeded",
+            operation=op, external_id=f"pi_other_{i}", needs_review=True,
+            received_at=now - timedelta(minutes=10 - i))
+        CallAttemptFactory(operation=op, outcome="succeeded", external_id=f"pi_late_{i}",
+                           needs_review=True, finished_at=now - timedelta(minutes=10 - i))
+    # Another tenant's are neither listed nor counted.
+    waiting(globex, "theirs", status="disputed")
+
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+
+    assert disputed[0].id in html and disputed[1].id in html and disputed[2].id not in html
+    assert stuck[0].id in html and stuck[1].id in html and stuck[2].id not in html
+    assert held_ops[0].id not in html and held_ops[2].id in html  # newest first
+    assert "Showing the newest 2 of 3 provider events held for review" in html
+    assert "Showing the newest 2 of 3 call answers held for review" in html
+    assert "Showing the 2 stuck longest of 3 operations stuck in progress" in html
+    assert "Showing the 2 longest on hold of 3 disputed operations" in html
+    assert 'href="/operations/?status=disputed">Browse them all' in html
+    # A page that is not full says nothing of more.
+    monkeypatch.setattr("operations.views.UNKNOWN_QUEUE_SIZE", 3)
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert "Showing the" not in html
+
+
+@pytest.mark.django_db
 def test_it_links_the_dashboard_numbers_to_the_filtered_journal(acme_unknown, operator):
     html = signed_in(operator).get("/").content.decode()
     assert "oldest waiting 5\xa0minutes" in html  # make_unknown: unknown since 5 minutes ago

@@ -245,6 +245,8 @@ def _respond(
     an action the engine refused, kept on the page to correct or send again."""
     op.refresh_from_db()
     level = level or ("success" if ok else "error")
+    if form is not None and not ok and "seen" in form.fields:
+        message += _seeing_the_status_now(form, op)
     if request.htmx:
         context = _panel_context(
             request,
@@ -275,6 +277,25 @@ def _respond(
         request, message
     )
     return redirect(reverse("operations:detail", args=[op.id]))
+
+
+def _seeing_the_status_now(form: Any, op: Operation) -> str:
+    """A decision's form sent back after an error goes beside the status the page now shows
+    (`op`, as rendered): its next press decides on that, not on the status it was first sent
+    from, which the engine would refuse once as out of date. When the status has moved on
+    since, the person is told so here, before they press again: what follows is never a
+    decision taken on the old status without their knowing. Returns those words, or ""."""
+    sent = form.cleaned_data.get("seen")
+    data = form.data.copy()
+    data[form.add_prefix("seen")] = op.status_changed_at.isoformat()
+    form.data = data  # only what is rendered: its errors were found on what was sent
+    if sent == op.status_changed_at:
+        return ""
+    return (
+        f" {op.id} is now {op.get_status_display().lower()} (since "
+        f"{op.status_changed_at:%H:%M:%S} UTC), not what your page showed before; check it "
+        "before you send this again."
+    )
 
 
 def _operator_action(

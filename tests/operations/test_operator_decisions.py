@@ -342,3 +342,63 @@ def test_it_refuses_a_dispute_of_a_status_the_operator_never_saw(acme_unknown, o
     })
     op.refresh_from_db()
     assert op.status == "disputed" and audit_count(op, "operation.dispute") == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "plain"])
+@pytest.mark.parametrize("action", ["dispute", "resolve"])
+def test_it_sends_a_form_back_after_an_error_with_the_status_its_page_now_shows(
+    acme_unknown, operator, action, htmx
+):
+    """A form error re-renders the panel with the status as it is now, but the form kept the
+    moment its first page showed: when the engine had moved the operation on meanwhile, the
+    next press was refused once as stale, though the person was looking at the new status.
+    It now carries the moment shown, and says the status moved on before anything is
+    decided on it."""
+    from operations.engine import webhook_apply
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = acme_unknown
+    client = signed_in(operator)
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    url = f"/operations/{op.id}/{action}"
+    words = {"dispute-reason": "the customer contests it"} if action == "dispute" else {
+        **TEXT_ONLY, "resolve-outcome": "succeeded"}
+    blank = f"{action}-reason"
+    decided = "operation.dispute" if action == "dispute" else "operation.resolve_succeeded"
+
+    def sent_back(response) -> dict[str, str]:
+        return dict(re.findall(
+            rf'<input type="hidden" name="({action}-[^"]+)" value="([^"]*)"',
+            response.content.decode()))
+
+    # Nothing moved: the error alone, and the form applies to the same status.
+    first = client.post(url, {**_page_hidden_fields(client, op, action), **words, blank: ""},
+                        **headers)
+    assert "not what your page showed" not in first.content.decode()
+    seen = ResolveForm(prefix=action, data=sent_back(first)).fields["seen"].clean(
+        sent_back(first)[f"{action}-seen"])
+    assert seen == op.status_changed_at
+
+    # While the operator types, the provider's event moves it on: a payment processing.
+    assert webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_meanwhile", event_type="payment_intent.processing",
+        operation_id=op.id, external_id="pi_meanwhile", status=CallOutcome.ACCEPTED),
+    )[0] == "applied"
+    op.refresh_from_db()
+    assert op.status == "accepted"
+    second = client.post(url, {**sent_back(first), **words, blank: ""}, **headers)
+
+    body = second.content.decode()
+    assert "is now accepted, final result pending" in body and "not what your page showed" in body
+    assert audit_count(op, decided) == 0
+    assert not Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).exists()
+    # The person saw the new status and sends again: it applies to that one, not refused.
+    third = client.post(url, {**sent_back(second), **words}, **headers)
+
+    assert "refused" not in third.content.decode()
+    op.refresh_from_db()
+    assert op.status == ("disputed" if action == "dispute" else "succeeded")
+    assert op.resolved_manually
+    assert Evidence.objects.filter(operation=op, kind=EvidenceKind.MANUAL).count() == 1
+    assert audit_count(op, decided) == 1

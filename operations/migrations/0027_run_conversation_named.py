@@ -2,17 +2,36 @@
 
 The agent's runtime wrote it unchecked, and a blank one names no conversation a page could
 lead to. A run's lineage never changes once written (0026), so a blank one from before this
-migration is kept as it is (the constraint is NOT VALID: it binds rows written from now on),
-and its pages say that none was recorded."""
+migration is kept as it is, and its pages say that none was recorded.
+
+So only a new run is refused, by a trigger on INSERT. A CHECK constraint, even NOT VALID,
+is checked again on every UPDATE of an old row: a run written blank before this migration
+could then never change its status, the one column 0026 lets change. The model keeps the
+check (as run_conversation_named, the name the trigger's error carries) for what Django
+validates."""
 
 from django.db import migrations, models
 
-ADD = r"""
-ALTER TABLE operations_run ADD CONSTRAINT run_conversation_named
-    CHECK (conversation_id::text ~ '\S') NOT VALID;
+SQL = r"""
+CREATE OR REPLACE FUNCTION run_conversation_named() RETURNS trigger AS $$
+BEGIN
+    IF NEW.conversation_id !~ '\S' THEN
+        RAISE EXCEPTION 'run %: violates run_conversation_named: a run names its conversation',
+            NEW.id USING ERRCODE = 'check_violation', CONSTRAINT = 'run_conversation_named';
+    END IF;
+    RETURN NEW;
+END;
+$$ LANGUAGE plpgsql;
+
+CREATE TRIGGER run_conversation_named
+    BEFORE INSERT ON operations_run
+    FOR EACH ROW EXECUTE FUNCTION run_conversation_named();
 """
 
-DROP = "ALTER TABLE operations_run DROP CONSTRAINT run_conversation_named;"
+REVERSE_SQL = """
+DROP TRIGGER run_conversation_named ON operations_run;
+DROP FUNCTION run_conversation_named();
+"""
 
 
 class Migration(migrations.Migration):
@@ -32,6 +51,6 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            database_operations=[migrations.RunSQL(ADD, DROP)],
+            database_operations=[migrations.RunSQL(SQL, REVERSE_SQL)],
         ),
     ]

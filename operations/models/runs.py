@@ -67,7 +67,9 @@ class Run(models.Model):
                 condition=models.Q(mode__in=RunMode.values), name="run_mode_valid"
             ),
             # Every run is part of a conversation, and its pages link that conversation: a blank
-            # id names none, and no page could lead to it.
+            # id names none, and no page could lead to it. In the database a trigger of this
+            # name refuses it on INSERT only (0027): a run written blank before then keeps its
+            # status updatable, which a CHECK, even NOT VALID, would refuse.
             models.CheckConstraint(
                 condition=models.Q(conversation_id__regex=r"\S"), name="run_conversation_named"
             ),

@@ -92,3 +92,29 @@ def test_it_keeps_a_run_without_a_conversation_from_before_0027_and_shows_it(acm
         html = client.get(url).content.decode()
         assert op.id in html or run.id in html, url
         assert "none recorded" in html, url
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lets_a_run_without_a_conversation_from_before_0027_change_its_status(acme):
+    # 0026 lets only a run's status change, and 0027 refuses a blank conversation on new
+    # runs only: a CHECK, even NOT VALID, is checked on every UPDATE of an old row too, and
+    # such a run could never leave running.
+    from django.db import IntegrityError, transaction
+
+    from operations.models import Run, RunStatus
+    from tests.factories import RunFactory
+
+    with migrated_back_to([("operations", "0026_run_lineage_immutable")]) as forward:
+        run = RunFactory(tenant=acme, conversation_id="", status=RunStatus.RUNNING)
+        forward([("operations", "0027_run_conversation_named")])
+
+    assert Run.objects.filter(id=run.id).update(status=RunStatus.PAUSED) == 1
+    run.refresh_from_db()
+    run.status = RunStatus.SUCCEEDED
+    run.save()
+    assert Run.objects.filter(id=run.id, conversation_id="",
+                              status=RunStatus.SUCCEEDED).count() == 1
+    # A new run is still refused one, and the error names the rule.
+    with pytest.raises(IntegrityError, match="run_conversation_named"), transaction.atomic():
+        RunFactory(tenant=acme, conversation_id=" ")
+    assert Run.objects.count() == 1

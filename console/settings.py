@@ -23,6 +23,7 @@ from console.env import (
     read_config,
 )
 from operations.providers.base import sandbox_endpoint
+from operations.providers.payments import PAYMENT_METHOD_ID, STRIPE_SECRET
 
 CONFIG = read_config(os.environ)
 
@@ -406,6 +407,14 @@ if not PAYMENTS_PAYMENT_METHOD:
         raise ConfigError("PAYMENTS_PAYMENT_METHOD must be set: its provider is not the "
                           f"sandbox ({PAYMENTS_API_BASE})")
     PAYMENTS_PAYMENT_METHOD = "pm_card_visa"
+elif not PAYMENT_METHOD_ID.fullmatch(PAYMENTS_PAYMENT_METHOD):
+    # Taken as it is, the provider would refuse every payment only after a person approved
+    # it; and an API key pasted here would go out as a request parameter. The line repeats
+    # no secret: it reaches logs and terminals.
+    _shown = ("a value that looks like a secret key" if STRIPE_SECRET.search(
+        PAYMENTS_PAYMENT_METHOD) else repr(PAYMENTS_PAYMENT_METHOD))
+    raise ConfigError("PAYMENTS_PAYMENT_METHOD must be a Stripe PaymentMethod id (pm_ and "
+                      f"letters, digits or underscores), got {_shown}")
 # The Stripe API version every payments request names (Stripe-Version); empty: the account's
 # default. Create the webhook endpoint at the same version: events come in its shapes.
 PAYMENTS_API_VERSION = os.environ.get("PAYMENTS_API_VERSION", "2024-06-20")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
@@ -154,6 +155,12 @@ def _iso_minor(amount: Any, currency: str) -> str:
 METADATA_VALUE_MAX_LENGTH = 500
 # The intent's references, sent as metadata values.
 _METADATA_FIELDS = ("invoice_id", "beneficiary_id")
+# Stripe's saved PaymentMethod ids (its test ones too: pm_card_visa). The console pays with
+# one (PAYMENTS_PAYMENT_METHOD, refused at start when it is not one) and the sandbox, as
+# Stripe, takes no other.
+PAYMENT_METHOD_ID = re.compile(r"(?:pm|card|src)_[A-Za-z0-9_]+")
+# Stripe's secret and restricted API keys and webhook secrets: never repeated in a message.
+STRIPE_SECRET = re.compile(r"(?:sk|rk)_(?:live|test)_|whsec_")
 
 
 class PaymentsCreateAdapter:

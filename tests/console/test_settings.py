@@ -103,6 +103,28 @@ def test_it_fails_at_start_with_one_line_naming_the_variable(overrides, variable
     assert result.stderr.strip().count("\n") == 0
 
 
+@pytest.mark.parametrize("value", [
+    "pm_1Live ",  # a trailing space from an env file
+    "card visa",  # not an id at all
+    "sk_live_0123456789ab",  # the API key pasted into the wrong variable
+])
+def test_it_refuses_a_payment_method_that_is_no_stripe_id_at_start(value):
+    # Taken as it was, every payment a person approved was refused by the provider after
+    # the approval, and a pasted key went out as a request parameter.
+    result = run_check(**{
+        **PROVIDERS, "DEBUG": "0", "SECRET_KEY": "x7" * 30 + "-production-secret",
+        "ALLOWED_HOSTS": "console.example.com", "PAYMENTS_PAYMENT_METHOD": value,
+    })
+    assert result.returncode == 3, result.stderr
+    assert "PAYMENTS_PAYMENT_METHOD" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+    if value.startswith("sk_"):
+        assert "0123456789ab" not in result.stderr
+    else:
+        assert repr(value) in result.stderr
+
+
 def test_it_takes_numbers_up_to_the_documented_maximum():
     """Ten years for a duration, a billion for a count: the README's rule, both ends."""
     ten_years = str(10 * 365 * 24 * 3600)

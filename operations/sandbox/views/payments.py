@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from operations.providers.payments import STRIPE_MAX_AMOUNT
+from operations.providers.payments import PAYMENT_METHOD_ID, STRIPE_MAX_AMOUNT
 from operations.sandbox import selectors, serializers, services
 from operations.sandbox.models import (
     FaultKind,
@@ -49,8 +49,6 @@ PAYMENT_METHOD_PARAMS = frozenset({
     "automatic_payment_methods[allow_redirects]", "return_url",
 })
 PAYMENT_METHOD_TYPE_PARAM = re.compile(r"^payment_method_types\[\d+\]$")
-# Stripe's saved payment method ids (its test ones too: pm_card_visa).
-PAYMENT_METHOD_ID = re.compile(r"^(?:pm|card|src)_[A-Za-z0-9_]+$")
 # From this API version, an intent that names no payment_method_types takes automatic
 # payment methods, which may redirect the customer unless told never to.
 AUTOMATIC_PAYMENT_METHODS_FROM = "2023-08-16"
@@ -64,7 +62,7 @@ def _boolean(params: Params, name: str, default: str) -> bool | None:
 def _payment_method_problem(params: Params, *, confirm: bool, version: str) -> JsonResponse | None:
     """What Stripe refuses about how a payment is to be paid, before it makes anything."""
     method = str(params.get("payment_method", ""))
-    if method and not PAYMENT_METHOD_ID.match(method):
+    if method and not PAYMENT_METHOD_ID.fullmatch(method):
         return invalid(f"No such PaymentMethod: '{method}'", code="resource_missing",
                        param="payment_method")
     types = [name for name in params if PAYMENT_METHOD_TYPE_PARAM.match(name)]

@@ -155,11 +155,13 @@ _SECRET_VALUES = (
     ),
 )
 # Digits in groups, however they are separated: "4111 1111 1111 1111", "4111 - 1111 - …",
-# "4111,1111,…" as a list or a CSV writes them. The comma joins groups only here: shown, it
-# parts a sum's thousands, and "1,250,000" stays whole.
-_CARD_SEPARATORS = NUMBER_SEPARATORS + ","
-_DIGIT_GROUPS = re.compile(rf"\d+(?:[{_CARD_SEPARATORS}]+\d+)*")
-_GROUP_SEPARATOR = re.compile(rf"[{_CARD_SEPARATORS}]+")
+# and "4111,1111,1111,1111" as a CSV writes a card's groups. A comma joins groups only there,
+# bare between two groups of four: "Orders 100234, 100235" is a list of numbers, whose
+# joined digits would pass Luhn one time in ten. (Shown, a comma parts a sum's thousands, and
+# "1,250,000" stays whole.)
+_CARD_COMMA = r"(?<=(?<!\d)\d{4}),(?=\d{4}(?!\d))"
+_DIGIT_GROUPS = re.compile(rf"\d+(?:(?:[{NUMBER_SEPARATORS}]+|{_CARD_COMMA})\d+)*")
+_GROUP_SEPARATOR = re.compile(rf"[{NUMBER_SEPARATORS},]+")
 # JSON's safe integers: beyond them a number is not the same number everywhere (RFC 8785).
 _MAX_SAFE_INTEGER = 2**53 - 1
 

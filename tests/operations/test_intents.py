@@ -721,6 +721,28 @@ def test_it_accepts_dates_ids_amounts_and_short_numbers_whatever_joins_them(text
 
 
 @pytest.mark.parametrize(
+    "orders",
+    [
+        # Joined, each passes Luhn: refused as a card while a comma joined any groups.
+        "Orders 100234, 100235, 100249",
+        "orders 100234,100235,100249",
+        "tickets 1001, 1002, 1003, 1006",
+    ],
+)
+@pytest.mark.django_db
+def test_it_accepts_a_list_of_numbers_parted_by_commas(orders, acme):
+    from operations.engine import operation_prepare
+
+    # An email about several orders lists them; only a card's own four-digit groups, a bare
+    # comma between them, are joined into a card number ("4111,1111,1111,1111").
+    payload = {**MAIL, "params": {"orders": orders}}
+    assert intent_validate(action="mail.send", payload=payload)["params"] == {"orders": orders}
+    assert secret_in_text(f"sent about {orders}") == ""
+    op = operation_prepare(tenant=acme, action="mail.send", payload=payload)
+    assert Operation.objects.get(id=op.id).payload["params"] == {"orders": orders}
+
+
+@pytest.mark.parametrize(
     "name",
     [
         pytest.param("Refund to card 4111\u00ad1111\u00ad1111\u00ad1111", id="soft-hyphens"),

@@ -67,17 +67,27 @@ def _base() -> str:
     return settings.MAIL_API_BASE.rstrip("/")
 
 
-def _digest(value: Any) -> str:
+def _digest(value: Any, *, secret: str | None = None) -> str:
     # Keyed, so the journal keeps nothing an outsider could match against a guessed address.
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return salted_hmac("operations.providers.mail", blob, algorithm="sha256").hexdigest()
+    return salted_hmac(
+        "operations.providers.mail", blob, secret=secret, algorithm="sha256"
+    ).hexdigest()
 
 
-def _recipient_digest(address: str) -> str:
+def _digest_matches(digest: Any, value: Any) -> bool:
+    # A digest stored before SECRET_KEY was rotated (facts kept on an event, decided later,
+    # or by a process still on the old key) is ours under a fallback, as Django's signing
+    # reads its own: compared under the current key alone, our own message read as another.
+    secrets = [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
+    return any(digest == _digest(value, secret=secret) for secret in secrets)
+
+
+def _recipient(address: str) -> str:
     # A domain is case-insensitive: a provider that writes it in lower case sent it to the
     # same mailbox.
     local, at, domain = address.strip().rpartition("@")
-    return _digest(f"{local}{at}{domain.lower()}" if at else address.strip())
+    return f"{local}{at}{domain.lower()}" if at else address.strip()
 
 
 def _message_facts(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,7 +95,7 @@ def _message_facts(message: Mapping[str, Any]) -> dict[str, Any]:
     # digests, which are enough to tell a message sent to someone else from the approved one.
     facts: dict[str, Any] = {"id": message.get("id", ""), "status": message.get("status", "")}
     if isinstance(message.get("to"), str):
-        facts["to_digest"] = _recipient_digest(message["to"])
+        facts["to_digest"] = _digest(_recipient(message["to"]))
     if isinstance(message.get("template"), str):
         facts["template"] = message["template"]
     if isinstance(message.get("params"), dict):
@@ -190,12 +200,14 @@ class MailSendAdapter:
         # approved email. What the provider does not report contradicts nothing. Named by
         # what differs, never by address: these words reach the timeline and the audit.
         differs = []
-        if "to_digest" in facts and facts["to_digest"] != _recipient_digest(str(payload["to"])):
+        if "to_digest" in facts and not _digest_matches(
+            facts["to_digest"], _recipient(str(payload["to"]))
+        ):
             differs.append("recipient")
         if "template" in facts and facts["template"] != payload["template"]:
             differs.append("template")
         params = dict(payload.get("params") or {})
-        if "params_digest" in facts and facts["params_digest"] != _digest(params):
+        if "params_digest" in facts and not _digest_matches(facts["params_digest"], params):
             differs.append("parameters")
         if not differs:
             return ""

@@ -18,10 +18,12 @@ from operations.engine.core import lease_expired
 from operations.models import Operation, OperationStatus, WebhookEvent
 from operations.providers.base import CallOutcome, WebhookFacts
 from operations.sandbox.delivery import sandbox_webhooks_deliver
-from operations.sandbox.models import PaymentIntent
+from operations.sandbox.models import Message, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import (
     sandbox_fault_set,
+    sandbox_message_create,
+    sandbox_message_deliver,
     sandbox_payment_create,
     sandbox_payment_settle,
 )
@@ -731,3 +733,40 @@ def test_it_lets_an_operator_answer_a_held_lookup_from_the_operation_page(
     assert response.status_code == 302
     assert engine.core.held_reports(op.id).answers == []
     assert "What lookup" not in client.get("/operations/unknown/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_settles_our_email_by_the_event_kept_in_flight_after_a_secret_key_rotation(
+    acme, approver, sandbox, live_server, settings
+):
+    # An event about our message, reported while the call was in flight, is kept with the
+    # recipient's and the parameters' digests, keyed by SECRET_KEY, and decided once a
+    # lookup names the message. Rotated in between as Django documents it (a new key, the
+    # old one in SECRET_KEY_FALLBACKS), those digests read as another recipient and other
+    # parameters: our own delivered email was held for a person.
+    mail = {"to": "anna@example.com", "template": "offer", "params": {"n": 3}}
+    op = engine.operation_prepare(tenant=acme, action="mail.send", payload=mail)
+    op = engine.operation_authorize(
+        operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+        approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    op = died_mid_call(op, claimed=timezone.now() - timedelta(minutes=5))
+    # The lost call landed, and the message was delivered before anyone asked.
+    sent = sandbox_message_create(**mail, operation_id=op.id,
+                                  idempotency_key=op.idempotency_key, fingerprint="")
+    sandbox_message_deliver(message_id=sent.id)
+    sandbox_webhooks_deliver(target_base_url=live_server.url)
+    event = WebhookEvent.objects.get(operation_id=op.id)
+    assert event.outcome.startswith("kept while the call was in flight"), event.outcome
+
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "rotated-" + "k" * 60
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (report.outcome, op.status, op.external_id) == ("found", S.SUCCEEDED, sent.id)
+    event.refresh_from_db()
+    assert not event.needs_review, event.outcome
+    assert not webhooks_held_for_review(operation=op).exists()
+    # Found, never sent again.
+    assert not sandbox_writes(provider="mail", operation_id=op.id).exists()
+    assert Message.objects.count() == 1

@@ -331,12 +331,16 @@ def run_mode_problem(*, run: Run | None, action: str) -> str:
 
 
 def call_problem(op: Operation) -> tuple[str, str]:
-    """(error code, why) when the operation may not be called now, its authorization or its
-    run's mode forbidding it; ("", "") when it may."""
+    """(error code, why) when the operation may not be called now, its authorization, its
+    run's mode or its provider's contract forbidding it; ("", "") when it may."""
     if problem := authorization_problem(op):
         return "authorization", problem
     if problem := run_mode_problem(run=op.run, action=op.action):
         return "run_mode", problem
+    # Checked at prepare, and again here: an intent prepared before the adapter knew a limit
+    # (an amount over Stripe's eight digits) could only be refused by the provider.
+    if problem := adapter_for(op.action).intent_problem(op.payload):
+        return "intent", problem
     return "", ""
 
 

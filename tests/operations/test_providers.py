@@ -1002,6 +1002,34 @@ def test_it_refuses_to_prepare_a_sum_larger_than_the_payments_provider_takes(
     assert Operation.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_calls_no_provider_for_an_approved_intent_prepared_before_its_limit(
+    acme, approver, providers, monkeypatch
+):
+    """An intent approved before the adapter knew a limit (an amount over Stripe's eight
+    digits) was called, and could only be refused by the provider."""
+    from operations.engine import operation_execute
+    from operations.models import Attempt, Evidence
+    from operations.providers.payments import PaymentsCreateAdapter
+    from tests.operations.engine_helpers import authorized_payment
+
+    with monkeypatch.context() as before:
+        before.setattr(PaymentsCreateAdapter, "intent_problem", lambda self, payload: "")
+        op = authorized_payment(acme, approver, currency="EUR", amount_minor=100_000_000)
+
+    report = operation_execute(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert report.outcome == "cancelled"
+    assert "the payments provider takes at most" in report.detail
+    assert (op.status, op.error_code, op.provider_calls) == ("cancelled", "intent", 0)
+    assert not Attempt.objects.filter(operation=op).exists()
+    assert Evidence.objects.filter(operation=op, to_status="cancelled",
+                                   summary__contains="takes at most").exists()
+    assert not sandbox_requests(provider="payments").exists()
+    assert not PaymentIntent.objects.exists()
+
+
 def test_it_accepts_a_stripe_signature_by_any_secret_in_rotation_and_no_other(settings):
     # While a secret rolls over Stripe signs with both: the header carries one v1= per secret,
     # and the one made with ours may come second.

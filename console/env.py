@@ -36,6 +36,7 @@ class ConfigError(Exception):
 class Config:
     debug: bool
     secret_key: str
+    secret_key_fallbacks: list[str]
     database_url: str
     redis_url: str
     allowed_hosts: list[str]
@@ -162,6 +163,18 @@ def _secret_key(environ: Mapping[str, str], debug: bool) -> str:
     return key
 
 
+def _secret_key_fallbacks(environ: Mapping[str, str], debug: bool) -> list[str]:
+    # The keys SECRET_KEY replaced, while their sessions, password reset links and the
+    # journal's keyed digests made under them are still about: without them a rotation signs
+    # everyone out and makes our own kept mail reports look foreign.
+    fallbacks = _list(environ, "SECRET_KEY_FALLBACKS", [])
+    if not debug and any(len(key) < 50 or key.startswith("django-insecure") for key in fallbacks):
+        raise ConfigError(
+            "SECRET_KEY_FALLBACKS must list keys of at least 50 random characters each"
+        )
+    return fallbacks
+
+
 def read_config(environ: Mapping[str, str]) -> Config:
     database_url, embedded_database = _database_url(environ)
     # The embedded database only exists on a development checkout (a deployment always
@@ -182,6 +195,7 @@ def read_config(environ: Mapping[str, str]) -> Config:
     return Config(
         debug=debug,
         secret_key=_secret_key(environ, debug),
+        secret_key_fallbacks=_secret_key_fallbacks(environ, debug),
         database_url=database_url,
         redis_url=redis_url,
         allowed_hosts=allowed_hosts,

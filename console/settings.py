@@ -89,6 +89,7 @@ def _flag_env(name: str, default: bool) -> bool:
 
 DEBUG = CONFIG.debug
 SECRET_KEY = CONFIG.secret_key
+SECRET_KEY_FALLBACKS = CONFIG.secret_key_fallbacks
 ALLOWED_HOSTS = CONFIG.allowed_hosts
 CSRF_TRUSTED_ORIGINS = CONFIG.csrf_trusted_origins
 

@@ -45,6 +45,8 @@ PROVIDERS = {
         ({"DEBUG": "0", "ALLOWED_HOSTS": "console.example.com"}, "SECRET_KEY"),
         ({"DEBUG": "0", "SECRET_KEY": "short", "ALLOWED_HOSTS": "x.example.com"}, "SECRET_KEY"),
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60}, "ALLOWED_HOSTS"),
+        ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
+          "SECRET_KEY_FALLBACKS": "old"}, "SECRET_KEY_FALLBACKS"),
         ({"DEBUG": "1", "CSRF_TRUSTED_ORIGINS": "console.example.com"}, "CSRF_TRUSTED_ORIGINS"),
         # A real provider never falls back to the sandbox's published credentials.
         ({"DEBUG": "0", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "x.example.com",
@@ -123,6 +125,22 @@ def test_it_refuses_a_payment_method_that_is_no_stripe_id_at_start(value):
         assert "0123456789ab" not in result.stderr
     else:
         assert repr(value) in result.stderr
+
+
+def test_it_keeps_the_keys_a_rotation_replaced_as_fallbacks():
+    # Sessions, reset links and the journal's keyed mail digests made under the old key
+    # still verify while a rotation settles: Django reads SECRET_KEY_FALLBACKS for that.
+    from console.env import ConfigError, read_config
+
+    deployed = {"DEBUG": "0", "SECRET_KEY": "n" * 60, "ALLOWED_HOSTS": "x.example.com",
+                "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/console",
+                "REDIS_URL": "redis://127.0.0.1:6379/0"}
+    assert read_config(deployed).secret_key_fallbacks == []
+    rotated = read_config({**deployed, "SECRET_KEY_FALLBACKS": f"{'o' * 60}, {'p' * 60}"})
+    assert rotated.secret_key_fallbacks == ["o" * 60, "p" * 60]
+    with pytest.raises(ConfigError, match="SECRET_KEY_FALLBACKS") as refused:
+        read_config({**deployed, "SECRET_KEY_FALLBACKS": f"{'o' * 60},django-insecure-x"})
+    assert "o" * 60 not in str(refused.value)
 
 
 def test_it_takes_numbers_up_to_the_documented_maximum():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 
 from django.urls.converters import StringConverter
 from ulid import ULID
@@ -29,6 +30,16 @@ def new_id(prefix: str) -> str:
     if prefix not in PREFIXES:
         raise ValueError(f"unknown id prefix {prefix!r}")
     return f"{prefix}_{_monotonic_ulid()}"
+
+
+def id_after(prefix: str, moment: datetime) -> str:
+    """The lowest id of `prefix` that sorts after every id made up to `moment`: the first of
+    the next millisecond, as an id made within `moment`'s own millisecond may still be
+    earlier than it."""
+    if prefix not in PREFIXES:
+        raise ValueError(f"unknown id prefix {prefix!r}")
+    millisecond = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    return f"{prefix}_{ULID.from_int((millisecond + 1) << 80)}"
 
 
 class PathIdConverter(StringConverter):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -106,6 +107,38 @@ def updated_past_triggers(rows, **fields: Any) -> int:
     decided approval), past its triggers (see triggers_off)."""
     with triggers_off(rows.model):
         return rows.update(**fields)
+
+
+@contextmanager
+def queries_run() -> Iterator[list[tuple[str, Any]]]:
+    """Every SQL statement (and its parameters) the block runs, in order."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(execute, sql, params, many, context):
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
+
+def plan_rows_read(sql: str, params: Any, relation: str) -> int:
+    """Rows the query's plan, as the planner chooses it, read from `relation` (returned plus
+    filtered out): what a page costs, which the rows it shows do not tell."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+
+    def walk(node: dict) -> int:
+        read = 0
+        if node.get("Relation Name") == relation:
+            read += int((node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+                         + node.get("Rows Removed by Index Recheck", 0))
+                        * node.get("Actual Loops", 1))
+        return read + sum(walk(child) for child in node.get("Plans", []))
+
+    return walk(plan[0]["Plan"])
 
 
 def browser_sign_in(page, live_server, username: str) -> None:

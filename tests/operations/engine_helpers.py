@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from unittest import mock
 
 from django.utils import timezone
+from ulid import ULID
 
 from operations.engine import operation_authorize, operation_execute, operation_prepare
 from operations.engine.core import call_reach_until
@@ -18,6 +22,15 @@ PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_77", "amount_mino
 def prepared_payment(tenant, **overrides) -> Operation:
     return operation_prepare(tenant=tenant, action="payments.create",
                              payload={**PAYMENT, **overrides})
+
+
+@contextmanager
+def ids_made_at(moment: datetime) -> Iterator[None]:
+    """Ids made in the block are those of `moment`, as if the clock read it then: a row a
+    test dates in the past (its created_at) gets the id it would have had, as the journal
+    orders and bounds by id."""
+    with mock.patch("operations.ids._monotonic_ulid", lambda: ULID.from_datetime(moment)):
+        yield
 
 
 def authorized_payment(tenant, approver=None, **overrides) -> Operation:

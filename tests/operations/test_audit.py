@@ -10,6 +10,7 @@ from django.test import Client
 
 from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.services import audit_event_record
+from tests.helpers import plan_rows_read, queries_run
 
 
 def _exported(response) -> list[list[str]]:
@@ -242,6 +243,59 @@ def test_it_downloads_the_filtered_csv_for_auditors_only(trail, auditor, approve
     assert {r[6] for r in rows[1:]} == {"apr_0", "apr_2", "apr_4", "apr_6"}
     client.force_login(approver)
     assert client.get("/audit.csv").status_code == 403
+
+
+def _busy_trail(tenant, n: int) -> None:
+    """`n` engine events on the tenant's trail from the last hour, as a busy journal leaves
+    (several per operation: prepare, authorize, execute, …)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO operations_auditevent (actor_id, actor_username, tenant_id, action,
+                object_type, object_id, reason, before, after, created_at)
+            SELECT NULL, '', %s, 'operation.prepare', 'operation',
+                   'op_' || lpad(g::text, 26, '0'), '', NULL, '{}'::jsonb,
+                   now() - make_interval(secs => (%s - g) * 0.1)
+            FROM generate_series(1, %s) g
+            """,
+            [tenant.id, n, n],
+        )
+        cursor.execute("ANALYZE operations_auditevent")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", ["object", "actor"])
+def test_it_reads_a_page_not_the_whole_trail_when_filtered_by_object_or_person(
+    acme, auditor, operator, which
+):
+    """An auditor looks up one operation's events, or one person's, on a trail of 20,000.
+    Neither filter had an index it could use (audit_object leads with object_type, which the
+    filter does not name; a name is matched in any case), so each page, and the CSV, read
+    the tenant's whole trail, which grows by several events per operation."""
+    _busy_trail(acme, 20_000)
+    audit_event_record(actor=operator, action="operation.resolve_failed", tenant=acme,
+                       object_type="operation", object_id="op_01TARGET0000000000000000000",
+                       reason="checked")
+    query = {"object": {"object": "op_01TARGET0000000000000000000"},
+             "actor": {"actor": "Operator"}}[which]
+    client = Client()
+    client.force_login(auditor)
+
+    with queries_run() as seen:
+        html = client.get("/audit/", query).content.decode()
+        exported = _exported(client.get("/audit.csv", query))
+
+    assert html.count("operation.resolve_failed") >= 1 and "op_000" not in html
+    assert [(row[2], row[4], row[6]) for row in exported[1:]] == [
+        ("operator", "operation.resolve_failed", "op_01TARGET0000000000000000000")]
+    reads = [(sql, params) for sql, params in seen
+             if sql.startswith("SELECT") and 'FROM "operations_auditevent"' in sql
+             and "DISTINCT" not in sql]
+    assert len(reads) == 2  # the page, and the export
+    for sql, params in reads:
+        read = plan_rows_read(sql, params, "operations_auditevent")
+        # At most a page (51 rows) answers each; 20,001 events are on the trail.
+        assert read <= 500, f"{read} audit events read filtered by {which}: {sql[:80]}"
 
 
 @pytest.mark.django_db

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -118,6 +120,11 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "disputed": disputed, "disputed_total": in_all(disputed, operations_disputed_count),
         "stuck": stuck, "stuck_total": in_all(stuck, operations_stuck_count),
         "may_operate": may_operate,
+        # The sweep claims a due check within one of its rounds, moving it into the future;
+        # one due longer than two rounds ago is one no sweep has taken.
+        "checks_overdue_before": timezone.now() - timedelta(
+            seconds=2 * settings.CELERY_BEAT_SCHEDULE["sweep-operations"]["schedule"]
+        ),
         # Nothing waits "for a person" is no claim to make to someone who sees no tenant.
         "sees_a_tenant": tenants_for_user(request.user).exists(),
     })

@@ -298,3 +298,31 @@ def test_it_claims_nothing_waits_only_to_someone_granted_a_tenant(stranger, acme
     assert "nothing waiting" not in html and "none waiting" not in html
     # The operators' queue tells them the same of the unknown they cannot see.
     assert "Nothing waits for a person." not in client.get("/operations/unknown/").content.decode()
+
+
+def _next_check_cell(html: str, op: Operation) -> str:
+    """The queue row's "Next automatic check (UTC)" cell."""
+    row = re.search(rf'<tr>\s*<td[^>]*><a href="/operations/{op.id}/".*?</tr>', html, re.S)
+    assert row, f"{op.id} is not in the queue"
+    return re.sub(r"\s+", " ", re.findall(r"<td[^>]*>(.*?)</td>", row.group(0), re.S)[4])
+
+
+def test_it_shows_a_check_overdue_since_yesterday_with_its_date_and_says_why(acme, operator):
+    """The beat had been down since yesterday: the check due 26 hours ago never ran. Shown
+    as its time of day alone, it read as a check still to come later today, and nothing said
+    it was overdue (the stuck list sees in-progress leases only, not unknowns left waiting)."""
+    overdue = make_unknown(prepared_payment(acme, invoice_id="inv_o"), ago=timedelta(hours=27))
+    coming = make_unknown(prepared_payment(acme, invoice_id="inv_c"))
+    due = timezone.now() - timedelta(hours=26)
+    soon = timezone.now() + timedelta(minutes=2)
+    Operation.objects.filter(id=overdue.id).update(next_reconcile_at=due)
+    Operation.objects.filter(id=coming.id).update(next_reconcile_at=soon)
+
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+
+    cell = _next_check_cell(html, overdue)
+    assert due.strftime("%Y-%m-%d %H:%M:%S") in cell
+    assert "overdue" in cell and "celery beat" in cell
+    assert "<em>Reconcile now</em> on its page" in cell
+    cell = _next_check_cell(html, coming)
+    assert soon.strftime("%Y-%m-%d %H:%M:%S") in cell and "overdue" not in cell

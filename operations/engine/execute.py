@@ -353,10 +353,13 @@ def _record_call_result(
             # Not over what an operator settled meanwhile (their provider reference stays),
             # nor over another object recorded since our lease ran out (an event or a lookup
             # named it): two objects then carry the operation, and the one it records
-            # decided its status. The attempt row above keeps these ids either way.
+            # decided its status. Nor while a lookup since found several objects carrying
+            # it: recorded, ours would be the one every later lookup reads by its id, picked
+            # without the person it is left to. The attempt row above keeps these ids
+            # either way.
             recorded = Operation.objects.filter(id=op.id, resolved_manually=False).filter(
                 _records_no_other_object(ids.get("external_id", ""))
-            ).update(**ids)
+            ).exclude(error_code=core.SEVERAL_MATCHES).update(**ids)
             if not recorded and "external_id" in ids:
                 webhook_events_hold_another_object(op, ours=ids["external_id"])
         # Events that arrived while this call was in flight, kept until its answer named the
@@ -465,7 +468,11 @@ def _record_call_result(
                 to=to,
                 sources=late_sources,
                 # Only while no newer call was made: its answer (or a lookup) outranks ours.
+                # Nor when a lookup found several objects carrying the operation: ours would
+                # be picked from them, and the incident cleared (`late_answer_decide` holds
+                # it for the person it is left to).
                 extra=Q(resolved_manually=False) & ~Exists(newer_call)
+                & ~Q(error_code=core.SEVERAL_MATCHES)
                 & _records_no_other_object(result.external_id),
                 evidence_kind=EvidenceKind.CALL_RESULT,
                 summary=summary + " (answer arrived late)",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -123,3 +125,28 @@ def executing_in_flight(op: Operation, settings, *, fault: str, seconds: float,
         wait_for(lambda: Operation.objects.get(id=op.id).status == OperationStatus.IN_PROGRESS,
                  what="the call to start")
     return call
+
+
+def stalled_before_recording(op: Operation, monkeypatch, *, worker: str = "A"):
+    """`worker` executes `op` in a background thread, has its call's answer, then freezes
+    before writing it down, until past its lease and the reach of its call (the test's
+    settings give a 1 s lease and timeout). Returns the thread (to `join()`) and the event
+    that lets it go on."""
+    from operations.engine import execute as execute_module
+    from tests.helpers import Background
+
+    stalls_as = worker
+    stalled, go = threading.Event(), threading.Event()
+    real_record = execute_module._record_call_result
+
+    def stalls_before_recording(op_, attempt, result, *, worker: str, adapter):
+        if worker == stalls_as:
+            stalled.set()
+            go.wait(15)
+        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
+
+    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
+    call = Background(lambda: operation_execute(operation_id=op.id, worker=stalls_as))
+    assert stalled.wait(10)
+    time.sleep(2.3)  # past the lease and the reach of its call
+    return call, go

@@ -32,6 +32,7 @@ from tests.operations.engine_helpers import (
     died_mid_call,
     make_unknown,
     prepared_payment,
+    stalled_before_recording,
 )
 from tests.operations.failure_helpers import payment_posts
 
@@ -45,21 +46,7 @@ def worker_a_stalled_past_its_lease(op, monkeypatch) -> tuple[Background, thread
     """Worker A calls and has its answer, then freezes before writing it down, until past
     its lease and the reach of its call; a lookup then proves the call absent (the settings
     give a 1 s lease and timeout). Returns A's thread and the event that lets it go on."""
-    from operations.engine import execute as execute_module
-
-    stalled, go = threading.Event(), threading.Event()
-    real_record = execute_module._record_call_result
-
-    def stalls_before_recording(op_, attempt, result, *, worker, adapter):
-        if worker == "A":
-            stalled.set()
-            go.wait(15)
-        return real_record(op_, attempt, result, worker=worker, adapter=adapter)
-
-    monkeypatch.setattr(execute_module, "_record_call_result", stalls_before_recording)
-    a = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
-    assert stalled.wait(10)
-    time.sleep(2.3)  # past A's lease and the reach of its call
+    a, go = stalled_before_recording(op, monkeypatch, worker="A")
     assert engine.operation_reconcile(operation_id=op.id).may_call_again  # proven absent
     return a, go
 

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from operations import engine
-from operations.engine.core import lease_expired
+from operations.engine.core import SEVERAL_MATCHES, lease_expired
 from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
@@ -27,6 +27,7 @@ from tests.operations.engine_helpers import (
     PAYMENT,
     authorized_payment,
     executing_in_flight,
+    stalled_before_recording,
 )
 
 S = OperationStatus
@@ -220,3 +221,45 @@ def test_it_holds_a_payment_of_another_sum_answered_after_the_lease_ran_out(
         f"{stray.id} is for 99900 KZT, the approved intent for 1250000 KZT (minor units); "
         f"{op.id} stays unknown, a person decides")
     assert payment_posts(op) == op.provider_calls == 1
+
+
+def made_outside_the_console(op: Operation) -> dict:
+    """A payment carrying the operation's id, for its approved sum, made outside the console
+    (another integration, another key)."""
+    return sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        confirm=True, metadata={"operation_id": op.id, "tenant": op.tenant.slug},
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_several_payments_to_a_person_when_a_stalled_workers_answer_names_one(
+    acme, approver, sandbox, settings, monkeypatch
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    # A's payment is made; A freezes before writing its answer down, past its lease.
+    a, go = stalled_before_recording(op, monkeypatch)
+    ours = PaymentIntent.objects.get(metadata__operation_id=op.id)
+    other = made_outside_the_console(op)
+    # The sweep's lookup finds both: which one is the operation's is a person's call.
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "inconclusive"
+    assert Operation.objects.get(id=op.id).error_code == SEVERAL_MATCHES
+    go.set()
+    a.join()
+
+    op.refresh_from_db()
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    # A's answer picks neither: not as the outcome, nor as the object lookups follow.
+    assert (op.status, op.error_code, op.external_id, op.next_reconcile_at) == (
+        S.UNKNOWN, SEVERAL_MATCHES, "", None)
+    assert call.external_id == ours.id  # kept on its attempt, and held for the person
+    assert list(answers_held_for_review(operation=op)) == [call]
+    assert "several objects carry" in call.review_note
+    assert not op.evidence.filter(to_status=S.SUCCEEDED).exists()
+    # A person's reconcile still searches, and still finds both.
+    assert engine.operation_reconcile(operation_id=op.id).outcome == "inconclusive"
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == (S.UNKNOWN, "")
+    assert payment_posts(op) == op.provider_calls == 1
+    assert set(PaymentIntent.objects.values_list("id", flat=True)) == {ours.id, other["id"]}

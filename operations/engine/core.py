@@ -47,6 +47,9 @@ NOT_THE_APPROVED_EFFECT = "disagreement"
 # The error code of an operation whose last lookup found several objects carrying it (a data
 # incident): which one is its effect is a person's call, so no event or answer picks one.
 SEVERAL_MATCHES = "several_matches"
+# The error code of an operation whose worker's lease ran out with no answer recorded: what
+# it says is that nothing is known, so the worker's late answer may still land over it.
+LEASE_EXPIRED = "lease_expired"
 logger = logging.getLogger(__name__)
 
 

@@ -307,9 +307,10 @@ def _accounts_called_besides(op: Operation, account: str) -> list[str]:
 
 
 def _records_no_other_object(external_id: str) -> Q:
-    """For a filter on the operation: it records no object, or `external_id` (any, when the
-    answer named none)."""
-    return Q(external_id__in=["", external_id]) if external_id else Q()
+    """For a filter on the operation: it records no object, or `external_id`. An answer
+    that named none (a refusal: nothing made) says nothing about an object a lookup or an
+    event recorded meanwhile, so it matches only an operation that records none."""
+    return Q(external_id__in=["", external_id]) if external_id else Q(external_id="")
 
 
 _ATTEMPT_OUTCOME = {
@@ -454,25 +455,30 @@ def _record_call_result(
             fields=fields,
         )
         if not won and to != S.UNKNOWN:
-            # Our lease ran out while the call was in flight and the sweep marked it unknown
-            # (or a lookup found it still processing): the definite answer we now hold is
-            # still the best evidence there is.
-            late_sources = (
-                {S.UNKNOWN, S.ACCEPTED} if to in (S.SUCCEEDED, S.FAILED) else {S.UNKNOWN}
-            )
+            # Our lease ran out while the call was in flight. The answer describes the object
+            # as our call left it: older than anything a lookup or an event found about it
+            # since (neither finds it before the call has made it). So it lands over the
+            # unknown the lease's expiry set, which knows nothing newer (a lookup that found
+            # nothing conclusive leaves its code), never over what a lookup or an event
+            # learned: a payment found under way or waiting on its customer may have been
+            # confirmed again after our decline (closed as failed, its intent could be
+            # replaced and paid twice), and which of several objects found carrying the
+            # operation is ours is a person's call. Those go to `late_answer_decide`. A
+            # success still lands over its own object found under way: a payment that
+            # succeeded stays so whichever was read first, and a succeeded operation is
+            # never replaced.
+            late = Q(status=S.UNKNOWN, error_code=core.LEASE_EXPIRED)
+            if to == S.SUCCEEDED:
+                late |= Q(status=S.ACCEPTED)
             newer_call = Attempt.objects.filter(
                 operation_id=op.id, kind=AttemptKind.CALL, number__gt=attempt.number
             )
             won = transition(
                 op,
                 to=to,
-                sources=late_sources,
+                sources={S.UNKNOWN, S.ACCEPTED} if to == S.SUCCEEDED else {S.UNKNOWN},
                 # Only while no newer call was made: its answer (or a lookup) outranks ours.
-                # Nor when a lookup found several objects carrying the operation: ours would
-                # be picked from them, and the incident cleared (`late_answer_decide` holds
-                # it for the person it is left to).
-                extra=Q(resolved_manually=False) & ~Exists(newer_call)
-                & ~Q(error_code=core.SEVERAL_MATCHES)
+                extra=late & Q(resolved_manually=False) & ~Exists(newer_call)
                 & _records_no_other_object(result.external_id),
                 evidence_kind=EvidenceKind.CALL_RESULT,
                 summary=summary + " (answer arrived late)",

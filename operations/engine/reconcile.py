@@ -49,7 +49,7 @@ def _expire_lease(op: Operation) -> None:
             # What the call did has been unknown since the lease ran out, however late a
             # sweep (or a person) came: the dashboard's time to reconcile runs from then.
             "unknown_since": F("lease_expires_at"),
-            "error_code": "lease_expired",
+            "error_code": core.LEASE_EXPIRED,
             "next_reconcile_at": timezone.now() + timedelta(seconds=reconcile_claim_seconds()),
         },
     )

@@ -19,7 +19,7 @@ from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
-from operations.sandbox.services import sandbox_payment_create
+from operations.sandbox.services import sandbox_fault_set, sandbox_payment_create
 from operations.selectors import answers_held_for_review, dashboard_metrics
 from tests.factories import CallAttemptFactory
 from tests.helpers import signed_in, wait_for
@@ -27,6 +27,7 @@ from tests.operations.engine_helpers import (
     PAYMENT,
     authorized_payment,
     executing_in_flight,
+    replaced_and_run,
     stalled_before_recording,
 )
 
@@ -263,3 +264,66 @@ def test_it_leaves_several_payments_to_a_person_when_a_stalled_workers_answer_na
     assert (op.status, op.external_id) == (S.UNKNOWN, "")
     assert payment_posts(op) == op.provider_calls == 1
     assert set(PaymentIntent.objects.values_list("id", flat=True)) == {ours.id, other["id"]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_closes_a_payment_a_lookup_found_processing_on_a_stalled_workers_decline(
+    acme, approver, sandbox, settings, monkeypatch
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    # A's call is declined (Stripe's 402: a PaymentIntent in requires_payment_method), and A
+    # freezes before writing that down, past its lease.
+    sandbox_fault_set(provider="payments", kind="card_declined", match=op.id, times=1)
+    a, go = stalled_before_recording(op, monkeypatch)
+    declined = PaymentIntent.objects.get(metadata__operation_id=op.id)
+    # Confirmed again meanwhile with another payment method (Stripe allows it on
+    # requires_payment_method): money is moving, and the sweep's lookup finds it so.
+    PaymentIntent.objects.filter(id=declined.id).update(
+        status="processing", last_payment_error=None)
+    engine.operation_reconcile(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == S.ACCEPTED
+    go.set()
+    a.join()
+
+    # A's decline is older than the lookup's "processing": the payment stays under way.
+    op.refresh_from_db()
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert (op.status, op.external_id, op.error_code) == (S.ACCEPTED, declined.id, "")
+    assert op.next_reconcile_at is not None  # its next lookup follows the payment
+    assert (call.http_status, call.outcome, call.external_id) == (402, "failed", declined.id)
+    assert not op.evidence.filter(to_status=S.FAILED).exists()
+    # So the intent cannot be replaced, and nothing pays a second time.
+    assert replaced_and_run(op, approver) is None
+    assert payment_posts(op) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_closes_a_payment_a_lookup_found_processing_on_a_stalled_workers_refusal(
+    acme, approver, sandbox, settings, monkeypatch
+):
+    settings.OPERATION_LEASE_SECONDS = 1
+    # A sum the provider settles later (`processing`), as engine_helpers.async_payment.
+    op = authorized_payment(acme, approver, amount_minor=15_000_000)
+    # A's request is refused (a 400: nothing made), and A freezes before writing that down.
+    sandbox_fault_set(provider="payments", kind="validation_error", match=op.id, times=1)
+    a, go = stalled_before_recording(op, monkeypatch)
+    assert not PaymentIntent.objects.exists()
+    # A payment carrying the operation, for the approved sum, made outside the console; the
+    # sweep's lookup finds it under way and records it.
+    other = made_outside_the_console(op)
+    engine.operation_reconcile(operation_id=op.id)
+    assert Operation.objects.get(id=op.id).status == S.ACCEPTED
+    go.set()
+    a.join()
+
+    # A's refusal names no payment: it says nothing about the one the operation records.
+    op.refresh_from_db()
+    call = op.attempts.get(kind=AttemptKind.CALL)
+    assert (op.status, op.external_id, op.error_code) == (S.ACCEPTED, other["id"], "")
+    assert (call.http_status, call.outcome, call.external_id) == (400, "failed", "")
+    assert not op.evidence.filter(to_status=S.FAILED).exists()
+    assert replaced_and_run(op, approver) is None
+    assert payment_posts(op) == op.provider_calls == 1
+    assert list(PaymentIntent.objects.values_list("id", flat=True)) == [other["id"]]

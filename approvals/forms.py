@@ -3,7 +3,7 @@ from __future__ import annotations
 from django import forms
 
 from approvals.selectors import QueueFilters
-from operations.forms import FilterForm, refuse_secrets_in_text
+from operations.forms import FilterForm, TypedTextField, refuse_secrets_in_text
 from operations.models import Action
 
 
@@ -27,12 +27,12 @@ class QueueFilterForm(FilterForm):
 
 
 class ApproveForm(forms.Form):
-    comment = forms.CharField(required=False, widget=forms.Textarea, max_length=2000,
-                              validators=[refuse_secrets_in_text])
+    comment = TypedTextField(required=False, widget=forms.Textarea, max_length=2000,
+                             validators=[refuse_secrets_in_text])
 
 
 class RejectForm(forms.Form):
-    reason = forms.CharField(
+    reason = TypedTextField(
         required=True, widget=forms.Textarea, max_length=2000,
         error_messages={"required": "A rejection needs a reason."},
         validators=[refuse_secrets_in_text],

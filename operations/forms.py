@@ -39,6 +39,17 @@ class UtcDateTimeField(forms.DateTimeField):
             ) from None
 
 
+class TypedTextField(forms.CharField):
+    """Text a person types into a textarea. The browser's maxlength counts a line break as
+    one character, but its form submission sends each as CRLF (HTML's form-data rules):
+    counted as sent, a multi-line text the browser allowed was refused as too long. Line
+    ends are read as the browser counted them, LF, before the length is checked."""
+
+    def to_python(self, value):
+        text = super().to_python(value)
+        return text.replace("\r\n", "\n").replace("\r", "\n") if text else text
+
+
 class FilterForm(forms.Form):
     """A list's filters: a filter that does not parse shows nothing (never everything), and
     the page says why in the words on the form."""
@@ -99,7 +110,7 @@ def refuse_secrets_in_text(value: str) -> None:
 
 class ReasonForm(forms.Form):
     # hx-preserve: another action's answer re-renders the panel; what was typed here stays.
-    reason = forms.CharField(
+    reason = TypedTextField(
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2, "hx-preserve": "true"}),
         help_text="Why; written to the audit trail.",
@@ -161,7 +172,7 @@ class ResolveForm(DecisionForm):
     )
     # Either one is evidence (clean): operation_resolve takes a reference the provider
     # confirms as proof enough, and the page must not ask for more than the engine does.
-    evidence = forms.CharField(
+    evidence = TypedTextField(
         required=False, max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2, "hx-preserve": "true"}),
         label="Evidence",

@@ -344,6 +344,38 @@ def test_it_refuses_a_decision_whose_text_is_too_long_and_says_why(acme, approve
     assert AuditEvent.objects.count() == audit_rows
 
 
+# 160 lines as a textarea holds them: 1,919 characters with LF line ends, inside its
+# maxlength of 2000. A browser's form submission sends each line end as CRLF: 2,079.
+BROWSER_LINES = [f"line {n:03d} ok" for n in range(160)]
+
+
+def test_it_takes_a_multi_line_comment_or_reason_the_browser_allowed(
+    acme, approver, prepare_payment, no_execute
+):
+    """The textarea's maxlength counts a line break as one character, the form counted the
+    CRLF a browser sends as two: a text the browser let through was refused as too long."""
+    approve, reject = prepare_payment(acme), prepare_payment(acme, invoice_id="inv_2")
+    sent, kept = "\r\n".join(BROWSER_LINES), "\n".join(BROWSER_LINES)
+    assert len(kept) <= 2000 < len(sent)
+    client = signed_in(approver)
+
+    approved = client.post(_approve_url(approve), {"comment": sent}, follow=True)
+    rejected = client.post(reverse("approvals:reject", args=[reject.id]), {"reason": sent},
+                           follow=True)
+
+    for response in (approved, rejected):
+        assert "at most 2000 characters" not in response.content.decode()
+    assert Approval.objects.get(id=approve.id).status == ApprovalStatus.APPROVED
+    assert Approval.objects.get(id=reject.id).status == ApprovalStatus.REJECTED
+    assert no_execute == [approve.operation_id]
+    assert Operation.objects.get(id=reject.operation_id).status == "cancelled"
+    # Stored as the approver saw it in the browser, line ends and all.
+    for approval, action in ((approve, "approval.approve"), (reject, "approval.reject")):
+        assert Approval.objects.get(id=approval.id).comment == kept
+        (audit,) = AuditEvent.objects.filter(action=action, object_id=approval.id)
+        assert audit.reason == kept
+
+
 @pytest.mark.parametrize(("url", "words"), [
     ("approvals:reject", {"reason": ""}),
     ("approvals:reject", {"reason": "y" * 2001}),

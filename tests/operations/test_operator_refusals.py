@@ -132,6 +132,31 @@ def test_it_refuses_a_card_number_in_a_reason_whatever_joins_its_groups(
 
 
 @pytest.mark.django_db
+def test_it_takes_multi_line_evidence_and_reason_the_browser_allowed(acme_unknown, operator):
+    """The textareas' maxlength counts a line break as one character; a browser's form
+    submission sends each as CRLF, which the form counted as two: text the browser let
+    through (1,919 characters here) was refused as longer than 2000."""
+    op = acme_unknown
+    lines = [f"line {n:03d} ok" for n in range(160)]
+    sent, kept = "\r\n".join(lines), "\n".join(lines)
+    assert len(kept) <= 2000 < len(sent)
+
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/resolve",
+        {**TEXT_ONLY, "resolve-evidence": sent, "resolve-reason": sent},
+    )
+
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert op.status == "succeeded" and op.resolved_manually
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.resolve_succeeded")
+    assert event.reason == kept and event.after["evidence"] == kept
+    evidence = Evidence.objects.get(operation=op, kind=EvidenceKind.MANUAL)
+    assert evidence.data["evidence"] == kept and evidence.data["reason"] == kept
+    assert not Attempt.objects.filter(operation=op).exists()  # words only: nobody was asked
+
+
+@pytest.mark.django_db
 def test_it_refuses_card_numbers_from_any_caller_of_the_services(acme_unknown, operator):
     from operations.engine import TransitionRefused, operation_reconcile, operation_resolve
 

@@ -128,36 +128,55 @@ def approvals_for_user(
 RECENT_DECISIONS = timedelta(hours=24)
 
 
+def _pending_by_time(now: datetime) -> tuple[Q, Q]:
+    """(waiting, ran out) among pending approvals. One that ran out can no longer be decided,
+    but stays pending until the expiry sweep closes it (the beat is down or behind): it is
+    counted apart, never as an intent waiting for a decision."""
+    return Q(expires_at__gt=now), Q(expires_at__lte=now)
+
+
 def approvals_waiting(user) -> dict[str, object]:
     """For the dashboard: how many intents wait for a person on the user's tenants and when
-    the first of them expires, and how many ran out that the expiry sweep has not closed yet
-    (they can no longer be approved: the beat is down or behind). The pending partial index;
-    never the decided history."""
-    now = timezone.now()
+    the first of them expires, and how many ran out that the expiry sweep has not closed yet.
+    The pending partial index; never the decided history."""
+    waiting, ran_out = _pending_by_time(timezone.now())
     return Approval.objects.filter(
         operation__tenant_id__in=tenant_ids_for_user(user), status=P.PENDING
     ).aggregate(
-        count=Count("id", filter=Q(expires_at__gt=now)),
-        soonest=Min("expires_at", filter=Q(expires_at__gt=now)),
-        overdue=Count("id", filter=Q(expires_at__lte=now)),
+        count=Count("id", filter=waiting),
+        soonest=Min("expires_at", filter=waiting),
+        overdue=Count("id", filter=ran_out),
     )
 
 
 def approval_counts(qs: QuerySet[Approval]) -> list[tuple[str, str, int]]:
     """The whole pending queue, and the decisions of the last 24 hours. The decided history
     grows without end and the queue page polls this every 15 seconds, so it is never counted
-    whole; both parts are index ranges (the pending partial index, recent decisions)."""
-    since = timezone.now() - RECENT_DECISIONS
-    counts = dict(
-        qs.filter(Q(status=P.PENDING) | Q(decided_at__gte=since))
+    whole; both parts are index ranges (the pending partial index, recent decisions).
+    Pending ones that ran out and are not closed yet are counted apart ("overdue"), when
+    there are any, as the dashboard counts them."""
+    now = timezone.now()
+    waiting, ran_out = _pending_by_time(now)
+    counts = (
+        qs.filter(Q(status=P.PENDING) | Q(decided_at__gte=now - RECENT_DECISIONS))
         .order_by()
-        .values_list("status")
-        .annotate(n=Count("id"))
+        .aggregate(
+            **{
+                status: Count("id", filter=Q(status=status) & (
+                    waiting if status == P.PENDING else Q()
+                ))
+                for status in P.values
+            },
+            overdue=Count("id", filter=Q(status=P.PENDING) & ran_out),
+        )
     )
-    return [
-        (status, label if status == P.PENDING else f"{label} (24 h)", counts.get(status, 0))
+    rows = [
+        (status, label if status == P.PENDING else f"{label} (24 h)", counts[status])
         for status, label in P.choices
     ]
+    if counts["overdue"]:
+        rows.insert(1, ("overdue", "Expired, not yet closed", counts["overdue"]))
+    return rows
 
 
 def _cursor_for(approval: Approval) -> str:

@@ -540,6 +540,44 @@ def test_it_counts_the_pending_queue_and_the_last_days_decisions(
     assert "Approved (24 h): 1" in response.content.decode()
 
 
+def test_it_counts_an_approval_that_ran_out_apart_from_the_pending_until_it_is_swept(
+    acme, approver, prepare_payment, no_execute
+):
+    """The beat is behind: one approval ran out a minute ago and is not closed yet. Its
+    card says so and any decision on it is refused, but the queue's counts read "Pending:
+    2", two intents waiting for a decision, where the dashboard counted it apart."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.services import approvals_expire_overdue
+
+    waiting = prepare_payment(acme)
+    ran_out = prepare_payment(acme, invoice_id="inv_ran_out")
+    Approval.objects.filter(id=ran_out.id).update(
+        expires_at=timezone.now() - timedelta(minutes=1))
+    client = signed_in(approver)
+
+    response = client.get(reverse("approvals:queue"))
+
+    html = response.content.decode()
+    assert waiting.id in html and "expired, not yet swept" in html
+    counts = {status: (label, n) for status, label, n in response.context["counts"]}
+    assert counts["pending"] == ("Pending", 1)
+    assert counts["overdue"] == ("Expired, not yet closed", 1)
+    assert '<span class="status status-pending">Pending: 1</span>' in html
+    assert '<span class="status status-overdue">Expired, not yet closed: 1</span>' in html
+    # The dashboard, by the same rule, says the same.
+    dashboard = client.get("/").context["waiting"]
+    assert (dashboard["count"], dashboard["overdue"]) == (1, 1)
+    # Swept, it is an expiry of the last 24 hours, and nothing is counted as overdue.
+    assert approvals_expire_overdue() == 1
+    counts = {status: n for status, _, n in client.get(reverse("approvals:queue"))
+              .context["counts"]}
+    assert (counts["pending"], counts["expired"]) == (1, 1) and "overdue" not in counts
+    assert no_execute == []
+
+
 def test_it_tells_an_approver_the_approval_expired_and_records_the_attempt(
     acme, approver, prepare_payment, no_execute
 ):

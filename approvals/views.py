@@ -36,7 +36,13 @@ from operations.htmx import (
     page_unmasking,
     unmasked_never_cached,
 )
-from operations.intents import intent_diff, intent_rows, intent_summary
+from operations.intents import (
+    intent_diff,
+    intent_rows,
+    intent_summary,
+    mask_person_text,
+    secret_in_text,
+)
 from operations.models import Action, Operation, Run
 from operations.selectors import (
     command_effects_in_runs,
@@ -114,6 +120,8 @@ def _card(
         "own_intent": approval_is_own_intent(approval, user),
         "error": "",
         "notice": "",
+        # What was typed into a decision refused for its words, by field (comment, reason).
+        "draft": {},
     }
 
 
@@ -168,14 +176,18 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     card = _card(approval, user=request.user, unmasked=unmasked,
                  can_decide=tenant_perm_held(request.user, "approve_intents", tenant))
     card["may_unmask"] = may_unmask
-    replaced = card["lineage"].supersedes
-    history = approvals_of_operation(replaced.id) if replaced else []
-    context = {"card": card, "history": history, "here": request.get_full_path()}
+    context = _detail_context(card, here=request.get_full_path())
     # htmx's history restore also says HX-Request, but it needs the whole page.
     template = (
         "approvals/queue.html#card" if fragment_requested(request) else "approvals/detail.html"
     )
     return unmasked_never_cached(render(request, template, context), unmasked=unmasked)
+
+
+def _detail_context(card: dict[str, Any], *, here: str) -> dict[str, Any]:
+    replaced = card["lineage"].supersedes
+    history = approvals_of_operation(replaced.id) if replaced else []
+    return {"card": card, "history": history, "here": here}
 
 
 def _next_url(request: HttpRequest, approval: Approval) -> str:
@@ -189,10 +201,33 @@ def _next_url(request: HttpRequest, approval: Approval) -> str:
     return reverse("approvals:detail", args=[approval.id])
 
 
+# Refusals of a decision for its words alone: the approval is still pending, and the same
+# decision in other words may yet be taken.
+WORDS_REFUSED = frozenset({"secret_in_text", "no_reason"})
+
+
+def _draft(typed: dict[str, str]) -> dict[str, str]:
+    """What was typed into a decision refused for its words, to give back to correct. Text
+    refused for a card number comes back as the page shows people's words, the number cut
+    to its last four digits; text that would still show card data or a secret, not at all."""
+    draft = {}
+    for name, text in typed.items():
+        text = text.strip()
+        if secret_in_text(text):
+            text = mask_person_text(text)
+            if secret_in_text(text):
+                continue
+        draft[name] = text
+    return draft
+
+
 def _decided(
-    request: HttpRequest, approval: Approval, *, error: str = "", notice: str = ""
+    request: HttpRequest, approval: Approval, *, error: str = "", notice: str = "",
+    draft: dict[str, str] | None = None,
 ) -> HttpResponse:
-    """htmx: the card, swapped in place. Without JS: a message and a redirect (PRG)."""
+    """htmx: the card, swapped in place (its textareas are hx-preserve'd). Without JS: a
+    message and a redirect (PRG); or, for a decision refused for its words (`draft`: what
+    was typed), the approval's page again with the refusal and the words to correct."""
     if request.htmx:
         fresh = approval_for_user(request.user, approval.id, "view_tenant")
         # The decision views already required approve_intents on this tenant.
@@ -206,6 +241,17 @@ def _decided(
         # it usually means someone else decided meanwhile.
         response["HX-Trigger"] = "approvals-changed"
         return response
+    if error and draft is not None:
+        # A redirect would lose what was typed. Masked: this is not the audited unmasked view.
+        tenant = approval.operation.tenant
+        card = _card(
+            approval_for_user(request.user, approval.id, "view_tenant"), user=request.user,
+            unmasked=False, can_decide=True,
+        )
+        card.update(error=error, draft=_draft(draft),
+                    may_unmask=tenant_perm_held(request.user, "view_unmasked", tenant))
+        context = _detail_context(card, here=_next_url(request, approval))
+        return render(request, "approvals/detail.html", context, status=400)
     if error:
         messages.error(request, error)
     else:
@@ -218,12 +264,14 @@ def _form_refused(
 ) -> HttpResponse:
     """Words the form turns away, on an approval that could take no decision anyway
     (expired, decided meanwhile): that is what the person is told, and the attempt is
-    recorded, as a decision with valid words would be."""
+    recorded, as a decision with valid words would be. Otherwise the words are given back
+    to correct."""
     try:
         approval_decision_check(approval_id=approval.id, actor=request.user, verb=verb)
     except ApprovalRefused as refusal:
         return _decided(request, approval, error=refusal.message)
-    return _decided(request, approval, error=form_problem(form))
+    typed = {name: str(form[name].value() or "") for name in form.fields}
+    return _decided(request, approval, error=form_problem(form), draft=typed)
 
 
 @require_POST
@@ -238,7 +286,9 @@ def approve(request: HttpRequest, approval_id: str) -> HttpResponse:
             approval_id=approval.id, actor=request.user, comment=form.cleaned_data["comment"]
         )
     except ApprovalRefused as refusal:
-        return _decided(request, approval, error=refusal.message)
+        return _decided(request, approval, error=refusal.message, draft=(
+            {"comment": form.cleaned_data["comment"]} if refusal.code in WORDS_REFUSED else None
+        ))
     return _decided(request, approval, notice="Approved; the operation is queued to run.")
 
 
@@ -253,5 +303,7 @@ def reject(request: HttpRequest, approval_id: str) -> HttpResponse:
             approval_id=approval.id, actor=request.user, reason=form.cleaned_data["reason"]
         )
     except ApprovalRefused as refusal:
-        return _decided(request, approval, error=refusal.message)
+        return _decided(request, approval, error=refusal.message, draft=(
+            {"reason": form.cleaned_data["reason"]} if refusal.code in WORDS_REFUSED else None
+        ))
     return _decided(request, approval, notice="Rejected; the operation is cancelled.")

@@ -433,6 +433,50 @@ def test_it_keeps_a_card_number_in_a_decision_out_of_the_trail(acme, approver,
     assert "4111" not in str(list(AuditEvent.objects.values_list("after", flat=True)))
 
 
+def test_it_gives_words_it_refuses_back_to_fix_without_javascript(
+    acme, approver, admin_user, prepare_payment, no_execute
+):
+    """With htmx the textarea keeps what was typed (hx-preserve); without JavaScript the
+    refusal redirected (PRG) and the form came back empty, the whole reason to type again.
+    The approval's page comes back with the refusal and the words, never the card number."""
+    approval = prepare_payment(acme)
+    client = signed_in(approver)
+    reason = ("Refund to card 4111 1111 1111 1111 was already made by phone on 2 Dec, "
+              "see ticket SUP-5521; paying this invoice again would pay twice")
+    audit_rows = AuditEvent.objects.count()
+
+    response = client.post(reverse("approvals:reject", args=[approval.id]),
+                           {"reason": reason, "next": reverse("approvals:queue")})
+
+    assert response.status_code == 400
+    html = html_lib.unescape(response.content.decode())
+    assert "Reason: This looks like a full card number; write only its last four digits" in html
+    textarea = re.search(rf'<textarea name="reason" id="reason-{approval.id}"[^>]*>(.*?)'
+                         "</textarea>", html, re.S).group(1)
+    assert textarea == reason.replace("4111 1111 1111 1111", "••••1111")
+    assert "4111111111111111" not in re.sub(r"\D", "", html)
+    # The page is the masked one, and sends the next decision back where the first came from.
+    assert BENEFICIARY not in html
+    assert f'name="next" value="{reverse("approvals:queue")}"' in html
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    assert Operation.objects.get(id=approval.operation_id).status == "not_started"
+    assert AuditEvent.objects.count() == audit_rows
+    # A comment too long for the form comes back whole, on the page, to shorten.
+    comment = "checked with treasury " + "x" * 2000
+    response = client.post(_approve_url(approval), {"comment": comment})
+    assert response.status_code == 400
+    html = html_lib.unescape(response.content.decode())
+    assert "Comment: Ensure this value has at most 2000 characters" in html
+    assert f'hx-preserve="true">{comment}</textarea>' in html
+    assert no_execute == []
+    # An approval no words can decide any more still answers with a redirect and a message.
+    signed_in(admin_user).post(reverse("approvals:reject", args=[approval.id]),
+                               {"reason": "duplicate"})
+    response = client.post(_approve_url(approval), {"comment": "fine"})
+    assert response.status_code == 302
+    assert no_execute == []
+
+
 def test_it_answers_403_to_an_auditor_posting_a_decision(acme, auditor, prepare_payment):
     approval = prepare_payment(acme)
     client = signed_in(auditor)

@@ -40,8 +40,7 @@ from operations.intents import (
     intent_diff,
     intent_rows,
     intent_summary,
-    mask_person_text,
-    secret_in_text,
+    words_given_back,
 )
 from operations.models import Action, Operation, Run
 from operations.selectors import (
@@ -212,12 +211,9 @@ def _draft(typed: dict[str, str]) -> dict[str, str]:
     to its last four digits; text that would still show card data or a secret, not at all."""
     draft = {}
     for name, text in typed.items():
-        text = text.strip()
-        if secret_in_text(text):
-            text = mask_person_text(text)
-            if secret_in_text(text):
-                continue
-        draft[name] = text
+        given_back = words_given_back(text.strip())
+        if given_back:
+            draft[name] = given_back
     return draft
 
 

@@ -32,7 +32,7 @@ from operations.forms import (
     form_problem,
 )
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
-from operations.intents import intent_rows, intent_summary
+from operations.intents import intent_rows, intent_summary, words_given_back
 from operations.models import Operation, OperationStatus
 from operations.providers import adapter_for
 from operations.selectors import (
@@ -252,6 +252,11 @@ def _respond(
     an action the engine refused, kept on the page to correct or send again."""
     op.refresh_from_db()
     level = level or ("success" if ok else "error")
+    if form is not None and not ok:
+        _words_given_back(form)
+    if draft is not None:
+        draft = {name: words_given_back(value) if isinstance(value, str) else value
+                 for name, value in draft.items()}
     if form is not None and not ok and "seen" in form.fields:
         message += _seeing_the_status_now(form, op)
     if request.htmx:
@@ -284,6 +289,18 @@ def _respond(
         request, message
     )
     return redirect(reverse("operations:detail", args=[op.id]))
+
+
+def _words_given_back(form: Any) -> None:
+    """A form sent back to correct shows what was typed, but never a card number or a
+    secret it was refused for (`words_given_back`): only what is rendered changes."""
+    data = form.data.copy()
+    for name, field in form.fields.items():
+        key = form.add_prefix(name)
+        if field.widget.is_hidden or not isinstance(data.get(key), str):
+            continue
+        data[key] = words_given_back(data[key])
+    form.data = data
 
 
 def _seeing_the_status_now(form: Any, op: Operation) -> str:

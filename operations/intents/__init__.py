@@ -22,6 +22,7 @@ from operations.intents.display import (
     mask_reference,
     mask_text,
     money_format,
+    words_given_back,
 )
 from operations.intents.validation import (
     DEAL_PATCH_FIELDS,
@@ -60,4 +61,5 @@ __all__ = [
     "mask_text",
     "money_format",
     "secret_in_text",
+    "words_given_back",
 ]

@@ -14,6 +14,7 @@ from operations.intents.validation import (
     NUMBER_SEPARATORS,
     SCHEMAS,
     TYPED_NUMBERS,
+    secret_in_text,
 )
 from operations.models import Action
 
@@ -144,6 +145,17 @@ def mask_person_text(text: str) -> str:
     words are checked for card numbers and secrets when written; this is for what is only
     personal."""
     return _PERSON_TEXT_NUMBERS.sub(_person_text_number, _emails_masked(text))
+
+
+def words_given_back(text: str) -> str:
+    """What a person typed, refused for a card number or a secret, as the page may give it
+    back to correct: the number cut to its last four digits as a masked view shows people's
+    words; nothing, when that would still show card data or a secret. Given back whole, it
+    would sit in the page htmx keeps in the browser's history store."""
+    if not secret_in_text(text):
+        return text
+    masked = mask_person_text(text)
+    return "" if secret_in_text(masked) else masked
 
 
 def _mask_value(value: Any, how: str) -> str:

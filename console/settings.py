@@ -312,6 +312,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 OPERATION_LEASE_SECONDS = _int_env("OPERATION_LEASE_SECONDS", "30")
 RECONCILE_DELAY_SECONDS = _int_env("RECONCILE_DELAY_SECONDS", "5", positive=False)
 ACCEPTED_RECONCILE_SECONDS = _int_env("ACCEPTED_RECONCILE_SECONDS", "120")
+# An accepted effect whose lookups have all failed this long (a wrong API base or key after
+# a deploy, a provider outage) is listed in the operators' queue; the lookups go on.
+ACCEPTED_LOOKUP_FAILING_SECONDS = _int_env("ACCEPTED_LOOKUP_FAILING_SECONDS", "3600")
 # An approved operation no worker has claimed after this long is queued again.
 EXECUTE_RECHECK_SECONDS = _int_env("EXECUTE_RECHECK_SECONDS", "60")
 # Then again after as long as it has waited so far (a backoff), at most this far apart.

@@ -47,6 +47,8 @@ from operations.selectors import (
     operations_disputed_count,
     operations_disputed_queue,
     operations_journal,
+    operations_lookup_failing_count,
+    operations_lookup_failing_queue,
     operations_stuck_count,
     operations_stuck_queue,
     operations_unknown_count,
@@ -110,6 +112,9 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     held_answers = answers_for_review_for_user(user, limit=UNKNOWN_QUEUE_SIZE)
     disputed = _summarized(operations_disputed_queue(user, limit=UNKNOWN_QUEUE_SIZE))
     stuck = _summarized(operations_stuck_queue(user, limit=UNKNOWN_QUEUE_SIZE))
+    lookup_failing = _summarized(
+        operations_lookup_failing_queue(user, limit=UNKNOWN_QUEUE_SIZE)
+    )
     # An auditor reads the same queue; it must not tell them to do what they may not.
     may_operate = tenants_for_user(user, "operate_operations").exists()
     return render(request, "operations/unknown.html", {
@@ -119,6 +124,12 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "held_answers_total": in_all(held_answers, answers_for_review_count),
         "disputed": disputed, "disputed_total": in_all(disputed, operations_disputed_count),
         "stuck": stuck, "stuck_total": in_all(stuck, operations_stuck_count),
+        "lookup_failing": lookup_failing,
+        "lookup_failing_total": in_all(lookup_failing, operations_lookup_failing_count),
+        # As a moment, so the page says the limit in words ("1 hour") with timesince.
+        "lookup_failing_limit_from": timezone.now() - timedelta(
+            seconds=settings.ACCEPTED_LOOKUP_FAILING_SECONDS
+        ),
         "may_operate": may_operate,
         # The sweep claims a due check within one of its rounds, moving it into the future;
         # one due longer than two rounds ago is one no sweep has taken.

@@ -279,7 +279,10 @@ def transition(
         if not transitions.allowed(source, to, manual=manual):
             raise TransitionRefused(f"{source} → {to} is not in the transition table")
     now = timezone.now()
-    values: dict[str, Any] = {"status": to, "status_changed_at": now}
+    # Failing lookups are an accepted effect's history; the next status starts without it.
+    values: dict[str, Any] = {
+        "status": to, "status_changed_at": now, "lookups_failing_since": None,
+    }
     if to != S.IN_PROGRESS:
         values.update(lease_owner="", lease_expires_at=None)
     if to == S.UNKNOWN:

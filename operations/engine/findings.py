@@ -10,7 +10,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from operations.engine.core import (
@@ -115,6 +116,8 @@ def _found_record(
             summary=f"provider still reports {found.status} for {found.external_id}",
             data=data, actor=actor,
             next_reconcile_at=accepted_recheck_at(now),  # only accepted stays put
+            # The provider answers again: any earlier failing lookups are behind us.
+            fields={"lookups_failing_since": None},
         )
         return ReconcileReport(op.id, "found", op.status, "unchanged")
     fields: dict[str, Any] = {
@@ -302,11 +305,18 @@ def _inconclusive_record(
         first_sent = op_snapshot.key_first_sent_at
         if first_sent is not None and retry_at - first_sent > contract.key_retention:
             retry_at = None  # past the key's retention a retry proves nothing: a person
+    failing: dict[str, Any] = {}
+    if op.status == S.ACCEPTED:
+        # Looked up again, but a person must see it if this goes on (a wrong API base or
+        # key after a deploy fails every lookup for ever): dated by the first failure, kept
+        # by the ones after it, in the same conditional UPDATE as this lookup's schedule.
+        failing = {"lookups_failing_since": Coalesce(F("lookups_failing_since"), Value(now))}
     _lookup_noted(
         op, calls_before=calls_before,
         summary=f"lookup inconclusive: {found.reason or found.outcome}"
         + (f"; next check {retry_at:%H:%M:%S}" if retry_at else "; waiting for a person"),
-        data=data, actor=actor, next_reconcile_at=retry_at, fields=incident or None,
+        data=data, actor=actor, next_reconcile_at=retry_at,
+        fields={**incident, **failing} or None,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
 

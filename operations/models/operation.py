@@ -87,6 +87,10 @@ class Operation(models.Model):
     # When set, the sweep reconciles again at this time (a lookup that may succeed later,
     # such as a search inside the provider's lag window). Null on `unknown` means a person.
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    # Accepted, and no lookup has had the provider's answer since then (the first of the
+    # failing ones): past ACCEPTED_LOOKUP_FAILING_SECONDS a person looks at the provider
+    # (its base, its key, its status), while the lookups go on.
+    lookups_failing_since = models.DateTimeField(null=True, blank=True)
     external_id = models.CharField(max_length=120, blank=True, db_index=True)
     provider_request_id = models.CharField(max_length=120, blank=True)
     result = models.JSONField(null=True, blank=True)
@@ -130,6 +134,13 @@ class Operation(models.Model):
                 ),
                 name="operation_unknown_since_iff_unknown",
             ),
+            # Only an accepted effect is looked up for its final answer on its own; any
+            # transition starts the next status without that history.
+            models.CheckConstraint(
+                condition=models.Q(status=OperationStatus.ACCEPTED)
+                | models.Q(lookups_failing_since__isnull=True),
+                name="operation_lookups_failing_only_accepted",
+            ),
             models.UniqueConstraint(fields=["action", "id"], name="operation_action_id_unique"),
         ]
         indexes = [
@@ -149,6 +160,11 @@ class Operation(models.Model):
                 fields=["lease_expires_at"],
                 condition=models.Q(status=OperationStatus.IN_PROGRESS),
                 name="op_expired_lease_queue",
+            ),
+            models.Index(
+                fields=["lookups_failing_since"],
+                condition=models.Q(lookups_failing_since__isnull=False),
+                name="op_lookup_failing_queue",
             ),
             models.Index(
                 fields=["next_reconcile_at"],

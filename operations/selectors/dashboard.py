@@ -18,7 +18,11 @@ from operations.models import (
     OperationStatus,
 )
 from operations.selectors.access import tenant_ids_for_user
-from operations.selectors.queues import answers_held_for_review, webhooks_held_for_review
+from operations.selectors.queues import (
+    answers_held_for_review,
+    lookups_failing_too_long,
+    webhooks_held_for_review,
+)
 
 # What a reconcile can find out from unknown: an outcome, or proven absence (not_started).
 RECONCILED_STATUSES = transitions.AUTOMATIC[OperationStatus.UNKNOWN]
@@ -96,6 +100,11 @@ def dashboard_metrics(user) -> dict:
         # or behind. Nobody else would see it.
         "stuck_count": ops.filter(
             status=OperationStatus.IN_PROGRESS, lease_expires_at__lte=now
+        ).count(),
+        # Accepted, and the provider has not answered a lookup for long (a range of the
+        # partial index on lookups_failing_since): listed in the operators' queue.
+        "lookup_failing_count": ops.filter(
+            status=OperationStatus.ACCEPTED, **lookups_failing_too_long()
         ).count(),
         "window": METRICS_WINDOW,
     }

@@ -1,10 +1,13 @@
-"""What waits for a person: unknown, disputed and stuck operations, and provider reports
-and call answers held for review."""
+"""What waits for a person: unknown, disputed and stuck operations, accepted ones the
+provider has not answered about for long, and provider reports and call answers held for
+review."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
@@ -35,6 +38,23 @@ def operations_stuck_queue(user, *, limit: int = 100):
         user, status=OperationStatus.IN_PROGRESS, order=("lease_expires_at", "id"),
         limit=limit, **_lease_ran_out(),
     )
+
+
+def operations_lookup_failing_queue(user, *, limit: int = 100):
+    """Accepted, but no lookup of the final answer has had the provider's answer for longer
+    than ACCEPTED_LOOKUP_FAILING_SECONDS (a wrong API base or key, a provider outage): the
+    sweep keeps looking them up, and a person looks at the provider meanwhile. Failing
+    longest first."""
+    return _operations_waiting(
+        user, status=OperationStatus.ACCEPTED, order=("lookups_failing_since", "id"),
+        limit=limit, **lookups_failing_too_long(),
+    )
+
+
+def lookups_failing_too_long() -> dict[str, Any]:
+    """The condition on an accepted operation whose lookups have failed past the limit."""
+    limit = timedelta(seconds=settings.ACCEPTED_LOOKUP_FAILING_SECONDS)
+    return {"lookups_failing_since__lte": timezone.now() - limit}
 
 
 def _lease_ran_out() -> dict[str, Any]:
@@ -117,6 +137,14 @@ def operations_stuck_count(user) -> int:
     return (
         operations_for_user(user)
         .filter(status=OperationStatus.IN_PROGRESS, **_lease_ran_out())
+        .count()
+    )
+
+
+def operations_lookup_failing_count(user) -> int:
+    return (
+        operations_for_user(user)
+        .filter(status=OperationStatus.ACCEPTED, **lookups_failing_too_long())
         .count()
     )
 

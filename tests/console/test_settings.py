@@ -73,6 +73,7 @@ PROVIDERS = {
         ({"DEBUG": "1", "PROVIDER_TIMEOUT_SECONDS": "inf"}, "PROVIDER_TIMEOUT_SECONDS"),
         ({"DEBUG": "1", "OPERATION_MAX_AUTOMATIC_CALLS": "0"}, "OPERATION_MAX_AUTOMATIC_CALLS"),
         ({"DEBUG": "1", "PAYMENTS_SEARCH_LAG_SECONDS": "-10"}, "PAYMENTS_SEARCH_LAG_SECONDS"),
+        ({"DEBUG": "1", "ACCEPTED_LOOKUP_FAILING_SECONDS": "0"}, "ACCEPTED_LOOKUP_FAILING_SECONDS"),
         # Numbers no clock can hold: the lockout's timedelta overflowed at settings import
         # (a traceback), the lease and re-check in every operation's execute long after.
         ({"DEBUG": "1", "LOGIN_LOCKOUT_MINUTES": "100000000000000000"}, "LOGIN_LOCKOUT_MINUTES"),

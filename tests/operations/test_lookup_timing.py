@@ -22,7 +22,7 @@ from operations.sandbox.models import Deal, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.factories import CallAttemptFactory
-from tests.helpers import Background, updated_past_triggers, wait_for
+from tests.helpers import Background, signed_in, updated_past_triggers, wait_for
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 from tests.operations.failure_helpers import (
     executed_into_a_fault,
@@ -205,6 +205,124 @@ def test_it_keeps_looking_up_an_accepted_payment_past_the_keys_retention(
     engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == S.UNKNOWN and op.next_reconcile_at is None
+
+
+@pytest.mark.django_db
+def test_it_shows_a_person_an_accepted_payment_whose_lookups_fail_for_long_and_keeps_looking(
+    acme, approver, operator, other_tenant_user, maintenance_page, settings, monkeypatch
+):
+    """A wrong PAYMENTS_API_BASE after a deploy: every lookup of an accepted payment's final
+    answer gets a page that is not the provider. The sweep looked it up every 30 s for ever,
+    and no list showed it to anyone (not unknown, not disputed, not stuck)."""
+    from operations.engine import core
+    from operations.providers.base import CallOutcome, LookupMethod, LookupOutcome, LookupResult
+    from operations.selectors import (
+        dashboard_metrics,
+        operations_lookup_failing_queue,
+        operations_unknown_queue,
+    )
+
+    settings.ACCEPTED_LOOKUP_FAILING_SECONDS = 3600
+    op = authorized_payment(acme, approver)
+    then = timezone.now() - timedelta(days=3)
+    CallAttemptFactory(operation=op, started_at=then, finished_at=then, outcome="accepted")
+    Operation.objects.filter(id=op.id).update(
+        status=S.ACCEPTED, status_changed_at=then, external_id="pi_x", provider_calls=1,
+        next_reconcile_at=timezone.now(),
+    )
+    clock = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])
+
+    def sweep_round() -> None:
+        assert op.id in engine.operations_claim_due_for_reconcile()
+        engine.operation_reconcile(operation_id=op.id)
+        op.refresh_from_db()
+
+    def listed(user) -> bool:
+        return op.id in {o.id for o in operations_lookup_failing_queue(user)}
+
+    sweep_round()
+    first_failure = clock[0]
+    assert op.lookups_failing_since == first_failure
+    # Three days of sweeps, each lookup answered by a page that is not the provider.
+    for _ in range(3 * 24):
+        clock[0] += timedelta(hours=1)
+        Operation.objects.filter(id=op.id).update(next_reconcile_at=clock[0])
+        sweep_round()
+        # Still looked up on its own (the effect was accepted), and dated from the first.
+        assert op.status == S.ACCEPTED and op.next_reconcile_at > clock[0]
+        assert op.lookups_failing_since == first_failure
+    # Every round asked the provider, and only asked: lookups, never another payment.
+    lookups = op.attempts.filter(kind=AttemptKind.LOOKUP)
+    assert lookups.count() == 1 + 3 * 24 and op.provider_calls == 1
+    assert len(maintenance_page.requests) == 1 + 3 * 24
+    assert {method for method, _ in maintenance_page.requests} == {"GET"}
+    assert op.evidence.filter(kind="lookup", to_status=S.ACCEPTED).count() == 1 + 3 * 24
+
+    # A person sees it, within their tenants only, in the operators' queue and the dashboard.
+    assert listed(operator) and not listed(other_tenant_user)
+    assert op.id not in {o.id for o in operations_unknown_queue(operator)}
+    assert dashboard_metrics(operator)["lookup_failing_count"] == 1
+    assert dashboard_metrics(other_tenant_user)["lookup_failing_count"] == 0
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert 'id="lookup-failing"' in html and op.id in html
+    assert first_failure.strftime("%Y-%m-%d %H:%M:%S") in html
+    assert "PAYMENTS_API_BASE" in html and "Nothing waits for a person." not in html
+    assert op.id not in signed_in(other_tenant_user).get("/operations/unknown/").content.decode()
+    dashboard = signed_in(operator).get("/").content.decode()
+    assert 'href="/operations/unknown/#lookup-failing"' in dashboard
+
+    # The base is put right: the provider answers that it is still processing. Off the list.
+    real = core.adapter("payments.create")
+
+    class ProviderAnswers:
+        contract = real.contract
+        account = real.account
+        disagreement = real.disagreement
+
+        def lookup(self, op_):
+            return LookupResult(outcome=LookupOutcome.FOUND, method=LookupMethod.EXTERNAL_ID,
+                                status=CallOutcome.ACCEPTED, external_id="pi_x")
+
+    monkeypatch.setattr(core, "adapter", lambda action: ProviderAnswers())
+    clock[0] += timedelta(hours=1)
+    Operation.objects.filter(id=op.id).update(next_reconcile_at=clock[0])
+    sweep_round()
+    assert op.status == S.ACCEPTED and op.lookups_failing_since is None
+    assert not listed(operator) and dashboard_metrics(operator)["lookup_failing_count"] == 0
+
+
+@pytest.mark.django_db
+def test_it_lists_an_accepted_payment_only_once_its_lookups_fail_past_the_limit(
+    acme, approver, operator, monkeypatch, settings
+):
+    from operations.selectors import operations_lookup_failing_queue
+
+    settings.ACCEPTED_LOOKUP_FAILING_SECONDS = 3600
+    op = authorized_payment(acme, approver)
+    CallAttemptFactory(operation=op, outcome="accepted")
+    Operation.objects.filter(id=op.id).update(status=S.ACCEPTED, external_id="pi_x",
+                                              provider_calls=1, next_reconcile_at=timezone.now())
+    lookups_inconclusive(monkeypatch)
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    failing_since = op.lookups_failing_since
+    assert failing_since is not None and op.next_reconcile_at is not None
+    engine.operation_reconcile(operation_id=op.id)  # a second failure keeps the first's date
+    op.refresh_from_db()
+    assert op.lookups_failing_since == failing_since
+    assert op.id not in {o.id for o in operations_lookup_failing_queue(operator)}
+
+    Operation.objects.filter(id=op.id).update(
+        lookups_failing_since=timezone.now() - timedelta(seconds=3601))
+    assert op.id in {o.id for o in operations_lookup_failing_queue(operator)}
+
+    # Handed to a person as unknown (the provider can no longer tell): the unknown queue's.
+    lookups_inconclusive(monkeypatch, reason="key retention window passed", retry_after=None)
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.lookups_failing_since is None
+    assert op.id not in {o.id for o in operations_lookup_failing_queue(operator)}
 
 
 @pytest.mark.django_db(transaction=True)

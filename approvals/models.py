@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
@@ -99,3 +101,8 @@ class Approval(models.Model):
     @property
     def is_pending(self) -> bool:
         return self.status == ApprovalStatus.PENDING
+
+    def ran_out(self, now: datetime) -> bool:
+        """Pending past its time: no decision is taken on it any more, though the expiry
+        sweep has not closed it yet (the beat is down or behind)."""
+        return self.is_pending and self.expires_at <= now

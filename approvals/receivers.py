@@ -38,11 +38,9 @@ def on_operation_related_pages(
             note += f" by {approval.decided_by.username}"
         if approval.status == ApprovalStatus.APPROVED:
             authorization = ""  # the operation's own authorization says by whom and until
-        elif approval.is_pending and approval.expires_at > now:
-            authorization = "awaiting approval"
         elif approval.is_pending:
-            # Past its time, not yet swept: a decision sent now is refused.
-            authorization = "expired"
+            # Past its time but not yet swept, a decision sent now is refused.
+            authorization = "expired" if approval.ran_out(now) else "awaiting approval"
         else:
             authorization = note
         pages.append(RelatedPage(

@@ -110,8 +110,8 @@ def _card(
         # before the agent changed the intent (then the approver needs its reason most).
         # .all() keeps the queue's prefetch; Approval's default ordering is newest first.
         "supersedes_approval": next(iter(old.approvals.all()), None) if old else None,
-        "expired_in_fact": approval.is_pending and approval.expires_at <= now,
-        "can_decide": can_decide and approval.is_pending and approval.expires_at > now,
+        "expired_in_fact": approval.ran_out(now),
+        "can_decide": can_decide and approval.is_pending and not approval.ran_out(now),
         # Approving would be refused: the card says so and leaves the approver Reject,
         # which tells the agent why.
         "policy_in_force": approval_policy_moved_to(approval) if approval.is_pending else "",

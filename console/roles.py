@@ -149,6 +149,35 @@ def role_revoke(*, user, role: str, tenant: Tenant, actor=None, reason: str = ""
         return removed
 
 
+def _tenants_held(user) -> list[Tenant | None]:
+    """The tenants a change to this person's account goes on the trail of: those they hold a
+    role on, where it changes who can act in their name. One who holds none gets a single
+    event on no tenant, kept though no tenant's auditor is shown it."""
+    return list(Tenant.objects.filter(user_roles__user=user).distinct()) or [None]
+
+
+def _user_event_record(*, user, tenants, actor, action: str, **event) -> None:
+    for tenant in tenants:
+        audit_event_record(actor=actor, action=action, tenant=tenant, object_type="user",
+                           object_id=user.username, **event)
+
+
+def user_delete(*, user, actor=None, reason: str = "") -> None:
+    """Delete a person's account. Their roles and permissions would go with it unrecorded
+    (they cascade), so each role is revoked first, on its tenant's trail, in the same
+    transaction as the delete."""
+    _reason_check(reason)
+    with transaction.atomic():
+        _user_lock(user)
+        tenants = _tenants_held(user)
+        for held in list(TenantRole.objects.filter(user=user).select_related("tenant")):
+            role_revoke(user=user, role=held.role, tenant=held.tenant, actor=actor,
+                        reason=reason)
+        _user_event_record(user=user, tenants=tenants, actor=actor, action="user.delete",
+                           reason=reason)
+        user.delete()
+
+
 def user_roles(user) -> list[str]:
     """The roles the user holds on some tenant, as the header names them. From the grants,
     not the groups: a superuser can put anyone into a role's group in /admin/, which gives

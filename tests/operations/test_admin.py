@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 
-from operations.models import AuditEvent, Tenant
+from console.roles import role_grant, roles_setup
+from operations.models import AuditEvent, Tenant, TenantRole
+from tests.factories import UserFactory
 
 
 @pytest.fixture
@@ -49,3 +52,45 @@ def test_it_grants_nothing_and_deletes_nothing_from_the_tenant_admin(superuser_c
     assert superuser_client.post(
         f"/admin/operations/tenant/{acme.pk}/delete/", {"post": "yes"}).status_code == 403
     assert Tenant.objects.filter(pk=acme.pk).exists()
+
+
+@pytest.mark.django_db
+def test_it_puts_the_roles_a_user_deletion_takes_away_on_the_tenants_audit_trail(
+    superuser_client, acme, globex
+):
+    roles_setup()
+    leaver = UserFactory(username="leaver")
+    role_grant(user=leaver, role="Approver", tenant=acme, reason="joined the AP team")
+    role_grant(user=leaver, role="Operator", tenant=globex)
+
+    deleted = superuser_client.post(f"/admin/auth/user/{leaver.pk}/delete/", {"post": "yes"})
+    assert deleted.status_code == 302
+    assert not get_user_model().objects.filter(pk=leaver.pk).exists()
+    assert not TenantRole.objects.exists()
+
+    # Each tenant's trail says who took the role away, and why it went.
+    for tenant, role in ((acme, "Approver"), (globex, "Operator")):
+        revoke, delete = AuditEvent.objects.filter(
+            tenant=tenant, object_id="leaver").exclude(action="role.grant").order_by("id")
+        assert (revoke.action, revoke.actor_username, revoke.before) == (
+            "role.revoke", "root", {"role": role})
+        assert (delete.action, delete.actor_username) == ("user.delete", "root")
+        assert delete.reason == revoke.reason == "user deleted in /admin/"
+
+
+@pytest.mark.django_db
+def test_it_audits_users_deleted_together_with_the_admins_bulk_action(superuser_client, acme):
+    roles_setup()
+    first, second = UserFactory(username="first"), UserFactory(username="second")
+    role_grant(user=first, role="Approver", tenant=acme)
+
+    changelist = superuser_client.post("/admin/auth/user/", {
+        "action": "delete_selected", "_selected_action": [first.pk, second.pk], "post": "yes"})
+    assert changelist.status_code == 302
+    assert not get_user_model().objects.filter(pk__in=[first.pk, second.pk]).exists()
+
+    assert list(AuditEvent.objects.filter(tenant=acme).exclude(action="role.grant")
+                .order_by("id").values_list("action", "object_id", "actor_username")) == [
+        ("role.revoke", "first", "root"), ("user.delete", "first", "root")]
+    # One who held no role is on no tenant's trail, but still on the trail.
+    assert AuditEvent.objects.get(object_id="second").tenant is None

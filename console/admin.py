@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.utils.decorators import method_decorator
+from django.views.decorators.debug import sensitive_post_parameters
 
-from console.roles import user_delete
+from console.roles import user_delete, user_password_record, user_save
 
 User = get_user_model()
 
@@ -18,6 +23,31 @@ DELETED_IN_ADMIN = "user deleted in /admin/"
 class AuditedUserAdmin(UserAdmin):
     """Django's user admin, with what it does to a person's access on the audit trail of
     each tenant they hold a role on, as `manage.py grant` puts it there."""
+
+    def save_model(self, request: HttpRequest, obj, form: Any, change: bool) -> None:
+        if change:
+            user_save(user=obj, actor=request.user)
+        else:
+            super().save_model(request, obj, form, change)
+
+    @method_decorator(sensitive_post_parameters())
+    def user_change_password(
+        self, request: HttpRequest, id: str, form_url: str = ""
+    ) -> HttpResponse:
+        # The stock view saves the password outside any transaction and says nothing of it
+        # to the audit trail: here the new password and its audit events commit together.
+        with transaction.atomic():
+            user = self.get_object(request, unquote(id))
+            passwords = User.objects.select_for_update(no_key=True).values_list(
+                "password", flat=True)
+            before = passwords.get(pk=user.pk) if user is not None else None
+            response = super().user_change_password(request, id, form_url)
+            if user is not None:
+                user.refresh_from_db(fields=["password"])
+                # Set again to the same words, it is hashed with a new salt: still recorded.
+                if user.password != before:
+                    user_password_record(user=user, actor=request.user)
+            return response
 
     def delete_model(self, request: HttpRequest, obj) -> None:
         user_delete(user=obj, actor=request.user, reason=DELETED_IN_ADMIN)

@@ -178,6 +178,39 @@ def user_delete(*, user, actor=None, reason: str = "") -> None:
         user.delete()
 
 
+# Whether a person may sign in at all, and whether they may use /admin/.
+ACCESS_FLAGS = ("is_active", "is_staff", "is_superuser")
+
+
+def user_save(*, user, actor=None) -> None:
+    """Save a person's account as changed in /admin/; a change of its access flags goes on
+    the trail of each tenant they hold a role on (deactivating an approver stops their
+    approvals there as surely as a revoke)."""
+    with transaction.atomic():
+        _user_lock(user)
+        before = get_user_model().objects.filter(pk=user.pk).values(*ACCESS_FLAGS).get()
+        user.save()
+        changed = [flag for flag in ACCESS_FLAGS if before[flag] != getattr(user, flag)]
+        if changed:
+            _user_event_record(
+                user=user, tenants=_tenants_held(user), actor=actor, action="user.update",
+                before={flag: before[flag] for flag in changed},
+                after={flag: getattr(user, flag) for flag in changed},
+            )
+
+
+def user_password_record(*, user, actor=None) -> None:
+    """Record that the person's password was set (or taken away) by someone else: whoever
+    sets it can sign in as them and act in their name on every tenant they hold a role on.
+    Joins the caller's transaction, the one that saved the password."""
+    with transaction.atomic():
+        _user_lock(user)
+        _user_event_record(
+            user=user, tenants=_tenants_held(user), actor=actor, action="user.password_set",
+            after={"usable_password": user.has_usable_password()},
+        )
+
+
 def user_roles(user) -> list[str]:
     """The roles the user holds on some tenant, as the header names them. From the grants,
     not the groups: a superuser can put anyone into a role's group in /admin/, which gives

@@ -94,3 +94,56 @@ def test_it_audits_users_deleted_together_with_the_admins_bulk_action(superuser_
         ("role.revoke", "first", "root"), ("user.delete", "first", "root")]
     # One who held no role is on no tenant's trail, but still on the trail.
     assert AuditEvent.objects.get(object_id="second").tenant is None
+
+
+@pytest.mark.django_db
+def test_it_audits_a_password_reset_of_an_approver_in_the_admin(superuser_client, approver, acme):
+    assert superuser_client.get(f"/admin/auth/user/{approver.pk}/password/").status_code == 200
+    assert superuser_client.get("/admin/auth/user/999999/password/").status_code == 404
+    # Whoever sets a person's password can sign in as them and approve in their name.
+    changed = superuser_client.post(f"/admin/auth/user/{approver.pk}/password/", {
+        "password1": "N3w-pass-phrase-1234", "password2": "N3w-pass-phrase-1234",
+        "usable_password": "true"})
+    assert changed.status_code == 302
+    approver.refresh_from_db()
+    assert approver.check_password("N3w-pass-phrase-1234")
+    event = AuditEvent.objects.get(tenant=acme, object_id="approver", action="user.password_set")
+    assert (event.actor_username, event.after) == ("root", {"usable_password": True})
+    assert "N3w" not in str(event.after)
+
+    superuser_client.post(f"/admin/auth/user/{approver.pk}/password/", {
+        "usable_password": "false", "unset-password": "1"})
+    approver.refresh_from_db()
+    assert not approver.has_usable_password()
+    assert AuditEvent.objects.filter(action="user.password_set").first().after == {
+        "usable_password": False}
+
+    # Refused (the two differ): nothing was set, nothing is on the trail.
+    superuser_client.post(f"/admin/auth/user/{approver.pk}/password/", {
+        "password1": "N3w-pass-phrase-1234", "password2": "other", "usable_password": "true"})
+    assert AuditEvent.objects.filter(action="user.password_set").count() == 2
+
+
+@pytest.mark.django_db
+def test_it_audits_an_approver_deactivated_or_made_staff_in_the_admin(
+    superuser_client, approver, acme
+):
+    page = {"username": "approver", "date_joined_0": "2024-01-01",
+            "date_joined_1": "00:00:00"}
+    # is_active left out: the box unticked.
+    changed = superuser_client.post(f"/admin/auth/user/{approver.pk}/change/",
+                                    {**page, "is_staff": "on"})
+    assert changed.status_code == 302
+    approver.refresh_from_db()
+    assert (approver.is_active, approver.is_staff) == (False, True)
+    event = AuditEvent.objects.get(tenant=acme, object_id="approver", action="user.update")
+    assert event.actor_username == "root"
+    assert (event.before, event.after) == (
+        {"is_active": True, "is_staff": False}, {"is_active": False, "is_staff": True})
+
+    # Saved with no access flag changed: nothing to put on the trail.
+    superuser_client.post(f"/admin/auth/user/{approver.pk}/change/",
+                          {**page, "is_staff": "on", "first_name": "Ann"})
+    approver.refresh_from_db()
+    assert approver.first_name == "Ann"
+    assert AuditEvent.objects.filter(action="user.update").count() == 1

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -64,6 +64,21 @@ def _list(environ: Mapping[str, str], name: str, default: list[str]) -> list[str
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def url_parts(name: str, raw: str) -> SplitResult:
+    """`raw` split, its port checked. The line repeats none of the URL: it reaches terminals,
+    CI logs and the supervisor's journal, and a URL may carry a password. A "/" (or "#", "?")
+    in that password ends the host part early, so the password's start reads as the port."""
+    parts = urlsplit(raw)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
+    except ValueError:
+        raise ConfigError(
+            f"{name} has a bad port (not a number from 0 to 65535); if it carries a password, "
+            "a character in it may need percent-encoding (/ as %2F)"
+        ) from None
+    return parts
+
+
 def local_web_port(environ: Mapping[str, str]) -> str:
     """The port this checkout's console serves on: PORT, else the one a running `make run`
     recorded, else 8000. A record left by a `make run` that is gone is ignored."""
@@ -107,7 +122,7 @@ def _database_url(environ: Mapping[str, str]) -> tuple[str, bool]:
                 "start it with `make services` (or `make run`), or set DATABASE_URL"
             )
         return url, True
-    parts = urlsplit(raw)
+    parts = url_parts("DATABASE_URL", raw)
     if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
         raise ConfigError(
             f"DATABASE_URL must be a PostgreSQL URL (postgresql://user@host:5432/name), "
@@ -115,10 +130,6 @@ def _database_url(environ: Mapping[str, str]) -> tuple[str, bool]:
         )
     if not parts.path.strip("/"):
         raise ConfigError("DATABASE_URL names no database (postgresql://user@host:5432/NAME)")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
-    except ValueError as exc:
-        raise ConfigError(f"DATABASE_URL has a bad port: {exc}") from None
     return raw, False
 
 
@@ -132,15 +143,11 @@ def _redis_url(environ: Mapping[str, str]) -> tuple[str, bool]:
                 "start it with `make services` (or `make run`), or set REDIS_URL"
             )
         return url, True
-    parts = urlsplit(raw)
+    parts = url_parts("REDIS_URL", raw)
     if parts.scheme not in {"redis", "rediss", "redis+socket"}:
         raise ConfigError(
             f"REDIS_URL must be a Redis URL (redis://host:6379/0), got scheme {parts.scheme!r}"
         )
-    try:
-        parts.port  # noqa: B018
-    except ValueError as exc:
-        raise ConfigError(f"REDIS_URL has a bad port: {exc}") from None
     return raw, False
 
 

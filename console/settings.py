@@ -9,7 +9,6 @@ import math
 import os
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -21,6 +20,7 @@ from console.env import (
     env_flag,
     local_web_port,
     read_config,
+    url_parts,
 )
 from operations.providers.base import sandbox_endpoint
 from operations.providers.payments import PAYMENT_METHOD_ID, STRIPE_SECRET
@@ -381,16 +381,12 @@ def _api_base_env(name: str, default: str) -> str:
     # end unknown, long after a start that looked fine. (Only the scheme is ever shown: a
     # base may carry credentials.)
     raw = os.environ.get(name, default)
-    parts = urlsplit(raw.strip())
+    parts = url_parts(name, raw.strip())
     if parts.scheme not in {"http", "https"}:
         raise ConfigError(
             f"{name} must be an http(s) URL (https://api.example.com), "
             f"got scheme {parts.scheme!r}"
         )
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
-    except ValueError as exc:
-        raise ConfigError(f"{name} has a bad port: {exc}") from None
     if not parts.hostname:
         raise ConfigError(f"{name} names no host (https://HOST/...)")
     return raw

@@ -342,3 +342,33 @@ def test_it_refuses_a_port_that_is_not_a_port_number_in_one_line(port):
     assert "PORT" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+DEPLOYED = {**PROVIDERS, "DEBUG": "0", "SECRET_KEY": "x7" * 30 + "-production-secret",
+            "ALLOWED_HOSTS": "console.example.com"}
+
+
+def _one_line_naming(result: subprocess.CompletedProcess, variable: str) -> None:
+    assert result.returncode == 3, result.stderr  # CONFIG_ERROR_EXIT
+    assert variable in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+
+
+# Part of a generated password (base64 ones carry "/" and "+"), not percent-encoded.
+PASSWORD_HEAD = "Xk9pQ2"
+
+
+@pytest.mark.parametrize(("variable", "url"), [
+    ("DATABASE_URL", f"postgresql://console:{PASSWORD_HEAD}/zs8Lm@db.internal:5432/console"),
+    ("REDIS_URL", f"redis://:{PASSWORD_HEAD}/zs8Lm@redis.internal:6379/0"),
+    ("PAYMENTS_API_BASE", f"https://acct:{PASSWORD_HEAD}/zs8Lm@pay.example.com/v1"),
+])
+def test_it_never_prints_the_password_of_a_url_it_refuses(variable, url):
+    """A "/" in the password makes the password's start read as the port. The line goes to
+    terminals, CI logs and the supervisor's journal: it says the port is bad and why that may
+    be, never repeating the password."""
+    result = run_check(**{**DEPLOYED, variable: url})
+    _one_line_naming(result, variable)
+    assert PASSWORD_HEAD not in result.stderr, result.stderr
+    assert "percent-encoding" in result.stderr

@@ -257,7 +257,9 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "console")
+# Blank is unset, as for every name here: a queue named "" is one no worker consumes, and
+# every execute, reconcile and sweep would wait there unseen while /healthz said ok.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "").strip() or "console"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -244,6 +244,34 @@ def test_it_passes_check_deploy_with_production_values():
     assert "no issues" in deploy.stdout
 
 
+def _celery_queues(**env_overrides: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    env.update(DATABASE_URL="postgresql://postgres@127.0.0.1:5432/console",
+               REDIS_URL="redis://127.0.0.1:6379/0", DEBUG="1", **env_overrides)
+    return subprocess.run(
+        [sys.executable, "-c",
+         "from console.env import settings_load_or_exit; settings_load_or_exit()\n"
+         "from console.celery import app\n"
+         "import json\n"
+         "route = app.amqp.router.route({}, 'operations.execute_operation')\n"
+         "print(json.dumps({'consumed': sorted(app.amqp.queues),"
+         " 'sent_to': route['queue'].name if 'queue' in route else None}))"],
+        cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize("blank", ["", " "])
+def test_it_never_starts_a_worker_that_listens_on_no_queue(blank):
+    """`CELERY_QUEUE=` (an env file's blank line, compose's `${CELERY_QUEUE}` unset) set the
+    default queue to "": the worker started "ready" with no queue, and every execute,
+    reconcile and sweep message went where nothing consumes it. Blank is unset."""
+    result = _celery_queues(CELERY_QUEUE=blank)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"consumed": ["console"], "sent_to": "console"}
+    named = json.loads(_celery_queues(CELERY_QUEUE="console-eu").stdout)
+    assert named == {"consumed": ["console-eu"], "sent_to": "console-eu"}
+
+
 def test_it_creates_the_folder_of_beats_schedule_file(tmp_path):
     schedule = tmp_path / "fresh" / "var" / "celerybeat-schedule"
     result = subprocess.run(

@@ -23,7 +23,7 @@ from console.env import (
     url_parts,
 )
 from operations.providers.base import sandbox_endpoint
-from operations.providers.payments import PAYMENT_METHOD_ID, STRIPE_SECRET
+from operations.providers.payments import PAYMENT_METHOD_ID, STRIPE_SECRET, STRIPE_VERSION
 
 CONFIG = read_config(os.environ)
 
@@ -364,6 +364,15 @@ def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
     could sign webhooks with it. Then the variable must be set."""
     value = os.environ.get(name, "")
     if value:
+        if value != value.strip() or not value.isprintable():
+            # A secret file's trailing newline, a stray space: no header can carry it (httpx
+            # refuses every request, a transport error, so every effect of that provider
+            # would end unknown) and no signature made with the provider's secret matches.
+            # The line repeats nothing of it: it reaches logs and terminals.
+            raise ConfigError(
+                f"{name} has a blank at its start or end, or a line break or other control "
+                "character; remove it (a secret file's trailing newline?)"
+            )
         return value
     if not DEBUG and not sandbox_endpoint(base):
         raise ConfigError(f"{name} must be set: its provider is not the sandbox ({base})")
@@ -420,6 +429,14 @@ elif not PAYMENT_METHOD_ID.fullmatch(PAYMENTS_PAYMENT_METHOD):
 # The Stripe API version every payments request names (Stripe-Version); empty: the account's
 # default. Create the webhook endpoint at the same version: events come in its shapes.
 PAYMENTS_API_VERSION = os.environ.get("PAYMENTS_API_VERSION", "2024-06-20")
+if PAYMENTS_API_VERSION and not STRIPE_VERSION.fullmatch(PAYMENTS_API_VERSION):
+    # Stripe refuses every request naming a version it does not know, and one with a blank at
+    # either end is no header value at all: every payment would end refused or unknown. Not
+    # repeated: a key pasted into the wrong variable must not reach the logs.
+    raise ConfigError(
+        "PAYMENTS_API_VERSION must be a Stripe API version, a date and perhaps a release name "
+        "(2024-12-18.acacia) with no space at either end, or empty for the account's default"
+    )
 # Stripe's search index trails writes by up to a minute: an empty search younger than this
 # after our last call proves nothing.
 PAYMENTS_SEARCH_LAG_SECONDS = _float_env("PAYMENTS_SEARCH_LAG_SECONDS", "60", positive=False)

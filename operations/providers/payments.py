@@ -161,6 +161,9 @@ _METADATA_FIELDS = ("invoice_id", "beneficiary_id")
 PAYMENT_METHOD_ID = re.compile(r"(?:pm|card|src)_[A-Za-z0-9_]+")
 # Stripe's secret and restricted API keys and webhook secrets: never repeated in a message.
 STRIPE_SECRET = re.compile(r"(?:sk|rk)_(?:live|test)_|whsec_")
+# Stripe's API versions: a date, since 2024-09-30 with a release name ("2024-12-18.acacia").
+# Stripe refuses any other (PAYMENTS_API_VERSION is checked at start; the sandbox refuses so).
+STRIPE_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(?:\.[a-z]+)?")
 
 
 class PaymentsCreateAdapter:

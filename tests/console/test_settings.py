@@ -400,3 +400,39 @@ def test_it_never_prints_the_password_of_a_url_it_refuses(variable, url):
     _one_line_naming(result, variable)
     assert PASSWORD_HEAD not in result.stderr, result.stderr
     assert "percent-encoding" in result.stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    # A Kubernetes secret made --from-file, a `$(cat key.txt)`: the file's newline comes along.
+    ("PAYMENTS_API_KEY", "sk_live_51RevIewKey0123456789\n"),
+    ("PAYMENTS_WEBHOOK_SECRET", "whsec_RevIewSecret0123456789 "),
+    ("CRM_API_KEY", " crm_live_RevIewKey0123456789"),
+    ("MAIL_WEBHOOK_SECRET", "mail_whsec_RevIewSecret\r\n0123456789"),
+    ("PAYMENTS_API_VERSION", "2024-06-20 "),
+])
+def test_it_never_starts_with_a_provider_value_no_request_can_carry(variable, value):
+    """A key or version with a space or newline at either end is no header value: httpx
+    refused every request ("Illegal header value"), a transport error, so every approved
+    effect of that provider ended unknown, long after a start that looked fine (and a webhook
+    secret with one failed every signature). Refused at start, never repeating the value."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as listener:  # a server that is there: the request itself fails
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with pytest.raises(httpx.LocalProtocolError), httpx.Client() as client:
+            client.get(f"http://127.0.0.1:{listener.getsockname()[1]}/",
+                       headers={"X-Value": value.strip() + " "}, timeout=2)
+
+    result = run_check(**{**DEPLOYED, variable: value})
+    _one_line_naming(result, variable)
+    assert value.strip()[-8:] not in result.stderr  # never the secret itself
+
+
+@pytest.mark.parametrize("version", ["2024-06-20", "2024-12-18.acacia", ""])
+def test_it_takes_a_stripe_api_version_or_none(version):
+    """Empty is the account's default, as the README says."""
+    result = run_check(**{**DEPLOYED, "PAYMENTS_API_VERSION": version})
+    assert result.returncode == 0, result.stderr

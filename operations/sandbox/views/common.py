@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
-from operations.providers.payments import METADATA_VALUE_MAX_LENGTH
+from operations.providers.payments import METADATA_VALUE_MAX_LENGTH, STRIPE_VERSION
 from operations.providers.signing import digests_equal
 from operations.sandbox import services
 from operations.sandbox.models import (
@@ -119,10 +119,6 @@ def _nul_byte(request: HttpRequest, params: Params, kwargs: dict[str, Any]) -> J
     if _holds_nul([request.headers.get("Idempotency-Key", ""), params, kwargs]):
         return invalid("A value contains a NUL byte, which no parameter may hold")
     return None
-
-
-# Stripe's API versions: a date, since 2024-09-30 with a release name ("2024-12-18.acacia").
-STRIPE_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(?:\.[a-z]+)?")
 
 
 def _authorized(request: HttpRequest, provider: str) -> bool:

@@ -68,7 +68,15 @@ def url_parts(name: str, raw: str) -> SplitResult:
     """`raw` split, its port checked. The line repeats none of the URL: it reaches terminals,
     CI logs and the supervisor's journal, and a URL may carry a password. A "/" (or "#", "?")
     in that password ends the host part early, so the password's start reads as the port."""
-    parts = urlsplit(raw)
+    try:
+        # A "[" or "]" outside an IPv6 address (in a password, a mistyped host) makes urlsplit
+        # raise: a traceback and exit status 1, which gunicorn's --preload takes for a crash.
+        parts = urlsplit(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{name} is not a well-formed URL (a [ or ] not around an IPv6 address?); if it "
+            "carries a password, a character in it may need percent-encoding ([ as %5B)"
+        ) from None
     try:
         parts.port  # noqa: B018 - raises ValueError on a non-numeric port
     except ValueError:
@@ -195,7 +203,7 @@ def read_config(environ: Mapping[str, str]) -> Config:
         raise ConfigError("ALLOWED_HOSTS must list the site's host names when DEBUG is off")
     origins = _list(environ, "CSRF_TRUSTED_ORIGINS", [])
     for origin in origins:
-        if urlsplit(origin).scheme not in {"http", "https"}:
+        if url_parts("CSRF_TRUSTED_ORIGINS", origin).scheme not in {"http", "https"}:
             raise ConfigError(
                 f"CSRF_TRUSTED_ORIGINS entry {origin!r} must start with https:// or http://"
             )

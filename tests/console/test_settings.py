@@ -403,6 +403,21 @@ def test_it_never_prints_the_password_of_a_url_it_refuses(variable, url):
 
 
 @pytest.mark.parametrize(("variable", "value"), [
+    ("DATABASE_URL", "postgresql://console:pa[ss@db.internal:5432/console"),
+    ("REDIS_URL", "redis://:pa]ss@redis.internal:6379/0"),
+    ("PAYMENTS_API_BASE", "https://[pay.example.com/v1"),
+    ("PAYMENTS_API_BASE", "https://acct:p[a]ss@pay.example.com/v1"),
+    ("CSRF_TRUSTED_ORIGINS", "https://[console.example.com"),
+])
+def test_it_refuses_a_url_with_a_stray_bracket_in_one_line(variable, value):
+    """A password with "[" or "]" (or a mistyped IPv6 host) made urlsplit raise: a
+    traceback and exit status 1, which gunicorn's --preload does not treat as "halt"."""
+    result = run_check(**{**DEPLOYED, variable: value})
+    _one_line_naming(result, variable)
+    assert "ss@" not in result.stderr and "example.com" not in result.stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), [
     # A Kubernetes secret made --from-file, a `$(cat key.txt)`: the file's newline comes along.
     ("PAYMENTS_API_KEY", "sk_live_51RevIewKey0123456789\n"),
     ("PAYMENTS_WEBHOOK_SECRET", "whsec_RevIewSecret0123456789 "),

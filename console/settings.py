@@ -182,6 +182,10 @@ AXES_COOLOFF_TIME = timedelta(
 )
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# A try during the pause is refused without being counted: django-axes' default restarts the
+# pause at each one, so a person who "waits and tries again" (the lockout page) a little
+# early would be kept out for another full pause, again and again.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 # Failures only: every success in a table of its own would grow without end, unread.
 AXES_DISABLE_ACCESS_LOG = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"

@@ -4,9 +4,12 @@ username from one address, that pair is refused for a while, the right password 
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 
 import pytest
+from axes.models import AccessAttempt
 from django.core.management import call_command
+from django.db.models import F
 from django.test import Client
 
 from tests.factories import PASSWORD
@@ -62,5 +65,27 @@ def test_it_lets_an_admin_lift_a_pause_from_the_shell(approver):
         _sign_in("approver", "guess")
     assert _sign_in("approver", PASSWORD)[1].status_code == 429
     call_command("axes_reset_username", "approver", stdout=io.StringIO())
+    client, response = _sign_in("approver", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)
+
+
+def _minutes_pass(minutes: int) -> None:
+    """The clock moves on: every recorded failure is that much older."""
+    AccessAttempt.objects.update(attempt_time=F("attempt_time") - timedelta(minutes=minutes))
+
+
+def test_it_lets_the_right_password_in_fifteen_minutes_after_the_pause_began(approver):
+    """Each try during the pause, the right password included, started the 15 minutes again
+    (django-axes' default), so a person who waited and tried again too early, as the page
+    invites, was never let in."""
+    for _ in range(5):
+        _sign_in("approver", "guess")
+    assert _sign_in("approver", PASSWORD)[1].status_code == 429  # paused
+
+    _minutes_pass(10)
+    assert _sign_in("approver", PASSWORD)[1].status_code == 429  # still paused
+    assert _sign_in("approver", "guess")[1].status_code == 429  # a wrong one, the same
+
+    _minutes_pass(6)  # 16 minutes after the fifth wrong password
     client, response = _sign_in("approver", PASSWORD)
     assert response.status_code == 302 and _signed_in(client)

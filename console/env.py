@@ -190,6 +190,18 @@ def _secret_key_fallbacks(environ: Mapping[str, str], debug: bool) -> list[str]:
     return fallbacks
 
 
+def _allowed_host_check(position: int, host: str) -> None:
+    # Django matches the request's host, its port cut off, against each entry as it is: a
+    # URL there (the form CSRF_TRUSTED_ORIGINS asks for), a port or a path never matches, and
+    # every request, /healthz included, would be answered 400 after `check --deploy` passed.
+    # An IPv6 address comes in brackets ([::1]); ".example.com" and "*" are Django's patterns.
+    if "/" in host or (":" in host and not (host.startswith("[") and host.endswith("]"))):
+        raise ConfigError(
+            f"ALLOWED_HOSTS entry {position} is a URL or has a port or path; list host names "
+            "alone (console.example.com, .example.com, [::1]), as the request's Host is matched"
+        )
+
+
 def read_config(environ: Mapping[str, str]) -> Config:
     database_url, embedded_database = _database_url(environ)
     # The embedded database only exists on a development checkout (a deployment always
@@ -201,6 +213,8 @@ def read_config(environ: Mapping[str, str]) -> Config:
     allowed_hosts = _list(environ, "ALLOWED_HOSTS", default_hosts)
     if not debug and not allowed_hosts:
         raise ConfigError("ALLOWED_HOSTS must list the site's host names when DEBUG is off")
+    for position, host in enumerate(allowed_hosts, start=1):
+        _allowed_host_check(position, host)
     origins = _list(environ, "CSRF_TRUSTED_ORIGINS", [])
     for origin in origins:
         if url_parts("CSRF_TRUSTED_ORIGINS", origin).scheme not in {"http", "https"}:

@@ -451,3 +451,27 @@ def test_it_takes_a_stripe_api_version_or_none(version):
     """Empty is the account's default, as the README says."""
     result = run_check(**{**DEPLOYED, "PAYMENTS_API_VERSION": version})
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("hosts", [
+    "https://console.example.com",
+    "console.example.com, console.example.com/console",
+    "console.example.com:443",
+    "[::1]:8000",
+])
+def test_it_refuses_allowed_hosts_given_as_urls(hosts):
+    """"comma-separated host names; required with DEBUG off": a URL there (the form the next
+    variable, CSRF_TRUSTED_ORIGINS, asks for), a port or a path was taken, `check --deploy`
+    passed, and every request, /healthz included, was answered 400 Bad Request."""
+    from django.http.request import validate_host
+
+    assert not validate_host("console.example.com", ["https://console.example.com"])
+    assert not validate_host("console.example.com", ["console.example.com:443"])
+    result = run_check(**{**DEPLOYED, "ALLOWED_HOSTS": hosts})
+    _one_line_naming(result, "ALLOWED_HOSTS")
+
+
+def test_it_takes_the_host_patterns_django_matches():
+    result = run_check(**{**DEPLOYED,
+                          "ALLOWED_HOSTS": "console.example.com,.example.com,*,[::1],10.0.0.5"})
+    assert result.returncode == 0, result.stderr

@@ -25,7 +25,7 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
         Approval.objects.select_related(
             "operation", "operation__tenant", "operation__run", "operation__run__launched_by",
             "operation__checkpoint", "operation__supersedes", "operation__superseded_by",
-            "decided_by",
+            "superseded_by__operation", "decided_by",
         )
         .filter(id=approval_id)
         .first()
@@ -43,6 +43,21 @@ def approval_policy_moved_to(approval: Approval) -> str:
     current = policy_version_current(approval.operation.action)
     return current if {approval.policy_version, approval.operation.policy_version} != {
         current} else ""
+
+
+def approval_replaced_by(approval: Approval) -> tuple[Approval | None, Operation | None]:
+    """The request and the intent that replaced this one's, each only when it is of the same
+    tenant, as operation_superseded_by names the intent on the operation's page: a row from
+    before operations 0016 (or written with its trigger off) can name another tenant's. Reads
+    the relations approval_for_user and approvals_for_user load."""
+    op = approval.operation
+    successor = getattr(op, "superseded_by", None)  # a reverse one-to-one: absent raises
+    if successor is not None and successor.tenant_id != op.tenant_id:
+        successor = None
+    request = approval.superseded_by if approval.superseded_by_id else None
+    if request is not None and request.operation.tenant_id != op.tenant_id:
+        request = None
+    return request, successor
 
 
 def intent_authors(operation: Operation) -> list[int]:
@@ -114,7 +129,7 @@ def approvals_for_user(
     return qs.select_related(
         "operation", "operation__tenant", "operation__run", "operation__run__launched_by",
         "operation__checkpoint", "operation__supersedes", "operation__superseded_by",
-        "decided_by",
+        "superseded_by__operation", "decided_by",
     ).prefetch_related(
         # Each card names the replaced intent's last approval request, whatever became of it
         # (superseded, rejected, expired): one query for the whole page.

@@ -19,6 +19,7 @@ from approvals.selectors import (
     approval_for_user,
     approval_is_own_intent,
     approval_policy_moved_to,
+    approval_replaced_by,
     approvals_for_user,
     approvals_of_operation,
     approvals_queue_page,
@@ -87,6 +88,7 @@ def _card(
     summary = intent_summary(action=op.action, payload=op.payload, unmasked=unmasked)
     lineage = operation_lineage(op)
     old = lineage.supersedes
+    replaced_by_request, replaced_by = approval_replaced_by(approval)
     diff = []
     if old is not None:
         diff = intent_diff(
@@ -110,6 +112,9 @@ def _card(
         # before the agent changed the intent (then the approver needs its reason most).
         # .all() keeps the queue's prefetch; Approval's default ordering is newest first.
         "supersedes_approval": next(iter(old.approvals.all()), None) if old else None,
+        # A superseded request's successors, within the tenant like the rest of its lineage.
+        "replaced_by_request": replaced_by_request,
+        "replaced_by": replaced_by,
         "expired_in_fact": approval.ran_out(now),
         "can_decide": can_decide and approval.is_pending and not approval.ran_out(now),
         # Approving would be refused: the card says so and leaves the approver Reject,

@@ -68,11 +68,23 @@ def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
     )
 
 
+def _parent_checkpoint_in_parent():
+    """The checkpoint a run came from, only when it is one of its parent run's in the run's
+    tenant, as the run's parent is named: a row from before operations 0025 can name
+    another tenant's checkpoint under a parent of its own tenant."""
+    return Checkpoint.objects.filter(
+        id=OuterRef("parent_checkpoint_id"), run_id=OuterRef("parent_run_id"),
+        run__tenant_id=OuterRef("tenant_id"),
+    ).values("id")[:1]
+
+
 def run_for_user(user, run_id: str) -> Run:
-    """One run: 404 unless the user may see its tenant."""
+    """One run: 404 unless the user may see its tenant. With `parent_checkpoint_in_parent_id`
+    (see _parent_checkpoint_in_parent)."""
     run = (
         Run.objects.select_related("tenant", "launched_by")
         .filter(id=run_id, tenant_id__in=tenant_ids_for_user(user))
+        .annotate(parent_checkpoint_in_parent_id=Subquery(_parent_checkpoint_in_parent()))
         .first()
     )
     if run is None:
@@ -81,9 +93,13 @@ def run_for_user(user, run_id: str) -> Run:
 
 
 def run_children(run: Run) -> QuerySet[Run]:
-    """The runs replayed or branched from this one, in its tenant, newest first."""
+    """The runs replayed or branched from this one, in its tenant, newest first, with
+    `parent_checkpoint_in_parent_id` (see _parent_checkpoint_in_parent)."""
     return (
-        run.children.filter(tenant_id=run.tenant_id).select_related("launched_by").order_by("-id")
+        run.children.filter(tenant_id=run.tenant_id)
+        .select_related("launched_by")
+        .annotate(parent_checkpoint_in_parent_id=Subquery(_parent_checkpoint_in_parent()))
+        .order_by("-id")
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus
+from approvals.services import approvals_supersede_for
 from operations.engine import operation_prepare
 from operations.models import Checkpoint, Operation, Run, RunMode
 from tests.helpers import signed_in, triggers_off
@@ -75,6 +76,38 @@ def test_it_never_names_another_tenants_run_or_checkpoint(acme, globex, other_te
         assert stray.id in html or stray_approval.id in html, url
         for private in (acme_run.id, acme_cp.id, "conv_01ACMEPRIVATE", "acme_private_node"):
             assert private not in html, (url, private)
+
+
+def test_it_never_names_on_an_approval_card_the_other_tenants_intent_that_replaced_it(
+    acme, globex, approver
+):
+    mine = operation_prepare(tenant=acme, action="payments.create", payload=ACME_PAYMENT)
+    mine_approval = Approval.objects.get(operation=mine)
+    # A globex intent written as replacing acme's; acme's request was closed as superseded
+    # by it, needing no approval of its own.
+    stray, _ = globex_row_by_hand(globex, "op_STRAY9", supersedes=mine)
+    approvals_supersede_for(operation=mine, new_approval=None)
+    client = signed_in(approver)
+    assert stray.id not in client.get(f"/operations/{mine.id}/").content.decode()
+    for url in (f"/approvals/{mine_approval.id}/", "/approvals/"):
+        html = client.get(url).content.decode()
+        assert mine_approval.id in html, url
+        assert stray.id not in html, url
+        assert "this approval can no longer be used" in html, url
+
+
+def test_it_never_links_an_approval_card_to_another_tenants_approval_request(
+    acme, globex, approver
+):
+    mine = operation_prepare(tenant=acme, action="payments.create", payload=ACME_PAYMENT)
+    mine_approval = Approval.objects.get(operation=mine)
+    _, stray_approval = globex_row_by_hand(globex, "op_STRAY8", supersedes=mine)
+    approvals_supersede_for(operation=mine, new_approval=stray_approval)
+    client = signed_in(approver)
+    for url in (f"/approvals/{mine_approval.id}/", "/approvals/"):
+        html = client.get(url).content.decode()
+        assert mine_approval.id in html, url
+        assert stray_approval.id not in html, url
 
 
 def test_it_shows_a_lineage_within_the_tenant(acme, approver):

@@ -491,6 +491,33 @@ def test_it_never_shows_another_tenants_run_in_a_lineage(lineage, globex, audito
 
 
 @pytest.mark.django_db
+def test_it_never_names_another_tenants_checkpoint_as_where_a_run_came_from(
+    lineage, globex, auditor
+):
+    original, _branch, _cp, _op = lineage
+    theirs = Run.objects.create(conversation_id="conv_01GLOBEX", tenant=globex,
+                                workflow_name="pay_invoices", workflow_version=7,
+                                state_schema_version=4)
+    their_cp = Checkpoint.objects.create(run=theirs, sequence=1, node="globex_private_node",
+                                         state={}, state_hash="sha256:" + "b" * 64)
+    # An acme branch of acme's run that names globex's checkpoint as where it came from: a
+    # row from before operations 0025 (or written with its trigger off).
+    with triggers_off(Run):
+        stray = Run.objects.create(
+            conversation_id="conv_01TEST", tenant=original.tenant, workflow_name="pay_invoices",
+            workflow_version=7, state_schema_version=4, mode=RunMode.BRANCH,
+            parent_run=original, parent_checkpoint=their_cp, launch_reason="retry",
+        )
+    client = signed_in(auditor)
+    for run in (stray, original):
+        html = client.get(f"/runs/{run.id}/").content.decode()
+        assert stray.id in html, run.id
+        assert their_cp.id not in html, run.id
+    # Its parent is still named, as a run of its own tenant.
+    assert f'href="/runs/{original.id}/"' in client.get(f"/runs/{stray.id}/").content.decode()
+
+
+@pytest.mark.django_db
 def test_it_never_names_another_tenants_run_as_a_parent_on_the_lists(
     lineage, globex, auditor, other_tenant_user
 ):

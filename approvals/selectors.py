@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
+from operations.engine import run_mode_problem
 from operations.models import Operation, Run
 from operations.policy import policy_version_current
 from operations.selectors import run_ancestors, tenant_access_require, tenant_ids_for_user
@@ -24,8 +25,8 @@ def approval_for_user(user, approval_id: str, perm: str) -> Approval:
     approval = (
         Approval.objects.select_related(
             "operation", "operation__tenant", "operation__run", "operation__run__launched_by",
-            "operation__checkpoint", "operation__supersedes", "operation__superseded_by",
-            "superseded_by__operation", "decided_by",
+            "operation__run__tenant", "operation__checkpoint", "operation__supersedes",
+            "operation__superseded_by", "superseded_by__operation", "decided_by",
         )
         .filter(id=approval_id)
         .first()
@@ -43,6 +44,18 @@ def approval_policy_moved_to(approval: Approval) -> str:
     current = policy_version_current(approval.operation.action)
     return current if {approval.policy_version, approval.operation.policy_version} != {
         current} else ""
+
+
+def approval_run_mode_problem(approval: Approval) -> str:
+    """Why the engine would never call this intent, its run's mode forbidding it (a live
+    replay whose launcher has since lost replay_live_irreversible): approving it would be
+    refused, as for a policy that moved on. Empty while the mode allows the call."""
+    op = approval.operation
+    problem = run_mode_problem(run=op.run, action=op.action)
+    if problem and op.run.tenant_id != op.tenant_id:
+        # Its run is named only within its tenant (operation_lineage).
+        return "its run's mode forbids the call"
+    return problem
 
 
 def approval_replaced_by(approval: Approval) -> tuple[Approval | None, Operation | None]:
@@ -128,8 +141,8 @@ def approvals_for_user(
         qs = qs.filter(operation__action=filters.action)
     return qs.select_related(
         "operation", "operation__tenant", "operation__run", "operation__run__launched_by",
-        "operation__checkpoint", "operation__supersedes", "operation__superseded_by",
-        "superseded_by__operation", "decided_by",
+        "operation__run__tenant", "operation__checkpoint", "operation__supersedes",
+        "operation__superseded_by", "superseded_by__operation", "decided_by",
     ).prefetch_related(
         # Each card names the replaced intent's last approval request, whatever became of it
         # (superseded, rejected, expired): one query for the whole page.

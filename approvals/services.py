@@ -15,6 +15,7 @@ from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import (
     approval_is_own_intent,
     approval_policy_moved_to,
+    approval_run_mode_problem,
     intent_authors,
 )
 from operations.engine import AuthorizationRefused, operation_authorize, operation_cancel
@@ -211,6 +212,15 @@ def approval_approve(*, approval_id: str, actor, comment: str = "") -> Approval:
                     f"This intent was prepared under policy {approval.policy_version}, and "
                     f"{in_force} is now in force; the agent must prepare it again.",
                     code="policy_changed",
+                )
+            run_mode = approval_run_mode_problem(approval)
+            if run_mode:
+                # The engine would cancel it without a call: an approval saying "queued to
+                # run" would be untrue.
+                raise ApprovalRefused(
+                    f"This intent can no longer be approved: {run_mode}. The engine would "
+                    "cancel it without a call; rejecting it tells the agent why.",
+                    code="run_mode",
                 )
             if approval_is_own_intent(approval, actor):
                 raise ApprovalRefused(

@@ -20,6 +20,7 @@ from approvals.selectors import (
     approval_is_own_intent,
     approval_policy_moved_to,
     approval_replaced_by,
+    approval_run_mode_problem,
     approvals_for_user,
     approvals_of_operation,
     approvals_queue_page,
@@ -120,6 +121,8 @@ def _card(
         # Approving would be refused: the card says so and leaves the approver Reject,
         # which tells the agent why.
         "policy_in_force": approval_policy_moved_to(approval) if approval.is_pending else "",
+        # Likewise when the engine would never make the call, the run's mode forbidding it.
+        "run_mode_problem": approval_run_mode_problem(approval) if approval.is_pending else "",
         # Four eyes: approving would be refused; the card says who must, and keeps Reject.
         "own_intent": approval_is_own_intent(approval, user),
         "error": "",

@@ -19,7 +19,7 @@ from operations.engine.core import (
 )
 from operations.engine.execute import ExecuteReport, operation_execute
 from operations.engine.people import operation_cancel, operation_dispute, operation_resolve
-from operations.engine.prepare import operation_authorize, operation_prepare
+from operations.engine.prepare import operation_authorize, operation_prepare, run_mode_problem
 from operations.engine.reconcile import (
     ReconcileReport,
     operation_reconcile,
@@ -53,5 +53,6 @@ __all__ = [
     "operations_due_for_reconcile",
     "reconcile_applies",
     "reconcile_claim_seconds",
+    "run_mode_problem",
     "webhook_apply",
 ]

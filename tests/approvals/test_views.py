@@ -869,6 +869,47 @@ def test_it_offers_no_approve_on_an_intent_of_an_outdated_policy_but_lets_it_be_
         reverse("approvals:detail", args=[outdated.id])).content.decode()
 
 
+def test_it_offers_no_approve_for_a_live_replay_effect_its_launcher_may_no_longer_make(
+    acme, approver, admin_user, no_execute
+):
+    """The engine calls an irreversible effect of a live replay only while whoever launched
+    the replay holds replay_live_irreversible (run_mode_problem): once that is taken away,
+    an approval could only be followed by a cancellation without a call."""
+    from console.roles import role_revoke
+    from operations.models import RunMode
+    from tests.factories import CheckpointFactory, RunFactory
+    from tests.operations.engine_helpers import PAYMENT
+
+    checkpoint = CheckpointFactory(run=RunFactory(tenant=acme))
+    live = RunFactory(derived_from=checkpoint, mode=RunMode.LIVE, launched_by=admin_user)
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT, run=live,
+                           command_id="cmd_pay_01")
+    approval = Approval.objects.get(operation=op)
+    role_revoke(user=admin_user, role="Admin", tenant=acme, reason="left the team")
+
+    client = signed_in(approver)
+    for page in (reverse("approvals:queue"), reverse("approvals:detail", args=[approval.id])):
+        html = client.get(page).content.decode()
+        assert _approve_url(approval) not in html, page
+        assert "It runs as soon as you approve" not in html, page
+        assert reverse("approvals:reject", args=[approval.id]) in html, page
+        assert (f"run {live.id} is a live replay launched by admin, who may not make an "
+                "irreversible effect") in html, page
+    # The rule is the server's: a press from a page read before the revocation is refused,
+    # and recorded.
+    client.post(_approve_url(approval), {"comment": "ok"})
+    approval.refresh_from_db()
+    op.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING and not op.authorized_hash
+    (refused,) = AuditEvent.objects.filter(action="approval.approve_refused",
+                                           object_id=approval.id)
+    assert refused.after["refusal"] == "run_mode" and live.id in refused.reason
+    assert no_execute == []
+    client.post(reverse("approvals:reject", args=[approval.id]), {"reason": "no longer allowed"})
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.REJECTED
+
+
 def test_it_offers_approve_to_anyone_but_the_person_who_made_the_intent(
     acme, approver, admin_user, prepare_payment, no_execute
 ):

@@ -115,8 +115,12 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     lookup_failing = _summarized(
         operations_lookup_failing_queue(user, limit=UNKNOWN_QUEUE_SIZE)
     )
-    # An auditor reads the same queue; it must not tell them to do what they may not.
-    may_operate = tenants_for_user(user, "operate_operations").exists()
+    # An auditor reads the same queue; it must not tell them to do what they may not. Row by
+    # row: one person may operate one tenant's effects and only audit another's.
+    operating = set(tenants_for_user(user, "operate_operations").values_list("id", flat=True))
+    listed = {op.tenant_id for op, _ in (*rows, *disputed, *stuck, *lookup_failing)} | {
+        row.operation.tenant_id for row in (*held, *held_answers)
+    }
     return render(request, "operations/unknown.html", {
         "rows": rows, "total": in_all(rows, operations_unknown_count),
         "held": held, "held_total": in_all(held, webhooks_for_review_count),
@@ -130,7 +134,9 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "lookup_failing_limit_from": timezone.now() - timedelta(
             seconds=settings.ACCEPTED_LOOKUP_FAILING_SECONDS
         ),
-        "may_operate": may_operate,
+        "operating": operating,
+        "may_operate": bool(operating & listed),
+        "may_resolve_lookup_failing": any(op.tenant_id in operating for op, _ in lookup_failing),
         # The sweep claims a due check within one of its rounds, moving it into the future;
         # one due longer than two rounds ago is one no sweep has taken.
         "checks_overdue_before": timezone.now() - timedelta(

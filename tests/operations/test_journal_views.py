@@ -739,6 +739,55 @@ def test_it_tells_only_operators_to_settle_the_queued_unknowns(acme, operator, a
     assert "open one to see what is known about it (operators settle it)." in auditing
 
 
+def _overdue_unknown(tenant, invoice_id: str) -> Operation:
+    op = make_unknown(prepared_payment(tenant, invoice_id=invoice_id), ago=timedelta(hours=2))
+    Operation.objects.filter(id=op.id).update(
+        next_reconcile_at=timezone.now() - timedelta(hours=1))
+    return op
+
+
+def _queue_row(html: str, op: Operation) -> str:
+    row = re.search(rf'<tr>\s*<td[^>]*><a href="/operations/{op.id}/".*?</tr>', html, re.S)
+    assert row, f"{op.id} is not in the queue"
+    return row.group(0)
+
+
+@pytest.mark.django_db
+def test_it_tells_to_reconcile_only_those_who_may_operate_the_operations_tenant(
+    acme, globex, auditor, settings
+):
+    """An auditor on acme who operates globex's effects was told, on acme's rows, to use a
+    Reconcile now that acme's page does not offer them and the server refuses (403)."""
+    from console.roles import role_grant
+
+    role_grant(user=auditor, role="Operator", tenant=globex)
+    overdue = _overdue_unknown(acme, "inv_overdue")
+    settings.ACCEPTED_LOOKUP_FAILING_SECONDS = 3600
+    failing = prepared_payment(acme, invoice_id="inv_failing")
+    Operation.objects.filter(id=failing.id).update(
+        status="accepted", external_id="pi_failing", provider_calls=1,
+        lookups_failing_since=timezone.now() - timedelta(days=1))
+    client = signed_in(auditor)
+    assert "Reconcile now</button>" not in client.get(f"/operations/{overdue.id}/").content.decode()
+    assert client.post(f"/operations/{overdue.id}/reconcile",
+                       {"reconcile-reason": "beat is down"}).status_code == 403
+
+    queue = client.get("/operations/unknown/").content.decode()
+    assert overdue.id in queue and failing.id in queue and "overdue" in queue
+    assert "use <em>Reconcile now</em> on its page" not in queue
+    assert "open one to reconcile, resolve or dispute it" not in queue
+    assert "open one to see what is known about it (operators settle it)." in queue
+    assert "resolves the operation with its reference" not in queue
+
+    # Once a globex row is listed too, that row (and the page) tells them what they may do.
+    theirs = _overdue_unknown(globex, "inv_theirs")
+    queue = client.get("/operations/unknown/").content.decode()
+    assert "use <em>Reconcile now</em> on its page" in _queue_row(queue, theirs)
+    assert "use <em>Reconcile now</em> on its page" not in _queue_row(queue, overdue)
+    assert "open one to reconcile, resolve or dispute it" in queue
+    assert "resolves the operation with its reference" not in queue  # acme's alone
+
+
 @pytest.mark.django_db
 def test_it_puts_the_status_beside_the_id_in_the_journal_and_a_runs_effects(acme, operator):
     from operations.models import Run

@@ -187,6 +187,12 @@ def _operation_execute(
     now = timezone.now()
     lease_expires_at = now + lease_duration()
     with transaction.atomic():
+        # The row lock first, then the claim in a statement of its own: a provider event
+        # delivery holds an event for review under this lock, writing the event, not this
+        # row. Alone, the claim would read the held events as of its start, wait for that
+        # delivery, re-check only this row, and call on top of the effect just held (a
+        # second payment). Started after the lock, it reads what the delivery held.
+        Operation.objects.select_for_update().filter(id=op.id).values_list("id").first()
         # The claim re-checks the authorization in the same statement, so an approval that
         # expires between the read above and here cannot slip through.
         claimed = Operation.objects.filter(

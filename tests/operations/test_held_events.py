@@ -7,13 +7,16 @@ writes and objects.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from operations import engine
 from operations.engine import findings as findings_module
+from operations.engine import webhooks as webhooks_module
 from operations.engine.core import lease_expired
 from operations.models import Operation, OperationStatus, WebhookEvent
 from operations.providers.base import CallOutcome, WebhookFacts
@@ -28,7 +31,7 @@ from operations.sandbox.services import (
     sandbox_payment_settle,
 )
 from operations.selectors import operations_unknown_queue, webhooks_held_for_review
-from tests.helpers import signed_in, wait_for
+from tests.helpers import Background, signed_in, wait_for
 from tests.operations.engine_helpers import (
     PAYMENT,
     async_payment,
@@ -172,6 +175,59 @@ def test_it_holds_a_payment_reported_for_an_operation_waiting_to_be_called(
         f"not called: the provider reported an effect of this operation ({event.event_id})")
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_no_call_when_an_event_is_held_while_a_worker_claims_the_operation(
+    acme, approver, sandbox, monkeypatch
+):
+    op = authorized_payment(acme, approver)  # approved, not called yet
+    # A payment carrying this operation's id, made outside the console: the journal says
+    # nothing was done, so its event is held for a person and no call may follow.
+    made = sandbox_payment_create(
+        amount=PAYMENT["amount_minor"], currency=PAYMENT["currency"].lower(), confirm=True,
+        metadata={"operation_id": op.id, "tenant": acme.slug},
+    )
+    decided, go = threading.Event(), threading.Event()
+    real = webhooks_module._webhook_transition
+
+    def decides_then_lingers(op_, *, facts):
+        answer = real(op_, facts=facts)
+        decided.set()  # under the operation's row lock, not committed yet
+        go.wait(10)
+        return answer
+
+    monkeypatch.setattr(webhooks_module, "_webhook_transition", decides_then_lingers)
+    delivery = Background(lambda: engine.webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_outside", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=made["id"], status=CallOutcome.SUCCEEDED,
+        data={"id": made["id"], "status": "succeeded", "amount": PAYMENT["amount_minor"],
+              "currency": PAYMENT["currency"].lower()})))
+    assert decided.wait(10)
+    # A worker picks the operation up at that moment (its queue message, or the sweep), and
+    # its claim comes to wait on the row the delivery holds.
+    worker = Background(lambda: engine.operation_execute(operation_id=op.id))
+    wait_for(a_statement_waits_on_a_lock, timeout=10, what="the claim to wait on the row lock")
+    go.set()
+    assert delivery.join()[0] == "held"
+    report = worker.join()
+
+    op.refresh_from_db()
+    assert WebhookEvent.objects.get(event_id="evt_outside").needs_review
+    # The held event says a payment for this intent exists: nothing is sent on top of it.
+    assert (report.outcome, op.status) == ("held_for_review", S.UNKNOWN)
+    assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
+    assert op.provider_calls == 0
+    assert PaymentIntent.objects.count() == 1
+
+
+def a_statement_waits_on_a_lock() -> bool:
+    # In this test's database only: other test runs may share the server.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND a.datname = current_database()")
+        return cursor.fetchone()[0] > 0
 
 
 @pytest.mark.django_db(transaction=True)

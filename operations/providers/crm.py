@@ -44,6 +44,15 @@ from operations.providers.transport import (
 DEAL_TEXT_MAX_LENGTHS = {"name": 200, "owner": 150, "stage": 40}
 
 
+# The event types the CRM contract sends: each reports a deal made or changed. Any other
+# (a deal deleted, a type the contract does not know) reports no outcome of an operation:
+# stored and on its timeline, nothing moved, as the payments and mail events do.
+EVENT_STATUS: dict[str, CallOutcome] = {
+    "deal.created": CallOutcome.SUCCEEDED,
+    "deal.updated": CallOutcome.SUCCEEDED,
+}
+
+
 def _deal_text_problem(fields: Mapping[str, Any], *, action: str, prefix: str = "") -> str:
     for name, limit in DEAL_TEXT_MAX_LENGTHS.items():
         if len(str(fields.get(name, ""))) > limit:
@@ -291,7 +300,7 @@ class CrmWebhookVerifier:
                 or event_operation_id(deal.get("agent_operation_id"), what="CRM")
             ),
             external_id=event.object_id,
-            status=CallOutcome.SUCCEEDED,
+            status=EVENT_STATUS.get(event.type),
             created_at=event.created_at,
             data=_deal_facts(deal),
         )

@@ -649,6 +649,35 @@ def test_it_reads_a_null_operation_id_as_none_and_refuses_one_that_is_not_text(
         parsed(42)
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("event_type", "result", "status"), [
+    ("deal.created", "applied", S.SUCCEEDED),  # what the CRM sends when a deal is made
+    ("deal.deleted", "ignored", S.UNKNOWN),  # the deal gone: no report that ours was made
+    ("deal.exported", "ignored", S.UNKNOWN),  # a type its contract never sends
+])
+def test_it_settles_a_crm_operation_only_on_the_deal_events_its_contract_sends(
+    client, settings, acme, event_type, result, status
+):
+    op = _unknown_op(acme, "crm")
+    body = json.dumps({
+        "id": "evt_deal", "object": "event", "type": event_type, "created": int(time.time()),
+        "data": {"object": {"id": "deal_1", **_naming("crm", op.id)}},
+    }).encode()
+
+    response = _signed_post(client, settings, "crm", body)
+
+    assert (response.status_code, response.json()["result"]) == (200, result)
+    op.refresh_from_db()
+    assert op.status == status
+    # Stored and on the timeline either way, so a person sees what the CRM said.
+    event = WebhookEvent.objects.get(event_id="evt_deal")
+    assert event.applied is (result == "applied")
+    assert op.evidence.filter(kind="webhook").exists()
+    if result == "ignored":
+        assert event.outcome == f"ignored: {event_type} carries no status"
+        assert (event.reported_status, op.external_id) == ("", "")
+
+
 def _payment_event(op: Operation, *, event_id: str, intent: str, status: str = "succeeded",
                    created: int | None = None) -> bytes:
     """Stripe's event about PaymentIntent `intent` of `op`'s sum, carrying `op`'s id."""

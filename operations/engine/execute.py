@@ -51,7 +51,7 @@ from operations.providers.base import (
     CallResult,
     ProviderAdapter,
 )
-from operations.providers.transport import LeaseLost, send_deadline
+from operations.providers.transport import LeaseLost, credentials_marked, send_deadline
 from operations.services import audit_event_record
 
 
@@ -276,7 +276,8 @@ def _operation_execute(
     except Exception as exc:  # noqa: BLE001 - an adapter bug must still leave a true record
         logger.exception("adapter call failed for %s", op.id)
         result = CallResult(
-            outcome=CallOutcome.UNKNOWN, error_class=type(exc).__name__, error_message=str(exc)
+            outcome=CallOutcome.UNKNOWN, error_class=type(exc).__name__,
+            error_message=credentials_marked(str(exc)),
         )
     finally:
         send_deadline.reset(deadline)

@@ -35,6 +35,7 @@ from operations.intents.validation import (
     intent_canonical,
     intent_validate,
     secret_in_text,
+    secrets_marked,
 )
 
 __all__ = [
@@ -61,5 +62,6 @@ __all__ = [
     "mask_text",
     "money_format",
     "secret_in_text",
+    "secrets_marked",
     "words_given_back",
 ]

@@ -288,6 +288,15 @@ def secret_in_text(text: str) -> str:
     return f"{what}; secrets never enter the journal" if what else ""
 
 
+def secrets_marked(text: str, mark: str) -> str:
+    """Text not of a person's own words (a provider's answer, a library's error), with each
+    secret secret_in_text would find replaced by `mark` where it stands: the rest of it
+    still says what went wrong."""
+    for pattern, _ in _SECRET_VALUES:
+        text = pattern.sub(mark, text)
+    return text
+
+
 def _unicode_text(text: str) -> bool:
     """JSON text that has a UTF-8 form: json.loads lets an unpaired surrogate ("\\ud800")
     through, and the canonical form (RFC 8785), the size check and the hash cannot take it."""

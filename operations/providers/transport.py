@@ -35,6 +35,55 @@ LOOKUP_RETRY_AFTER = timedelta(seconds=30)
 UNEXPECTED_BODY = "unexpected_body"
 
 
+# The credentials this console holds for its providers. Any of them in text kept from a
+# transport error or a provider's answer is replaced by CREDENTIAL_MARK: that text reaches the
+# journal, the audit trail, the operation's page and the command line. httpx refuses a key
+# ending in a newline (read from a secret file) with "Illegal header value b'Bearer <key>\\n'".
+CREDENTIAL_SETTINGS = (
+    "PAYMENTS_API_KEY", "PAYMENTS_WEBHOOK_SECRET",
+    "CRM_API_KEY", "CRM_WEBHOOK_SECRET",
+    "MAIL_API_KEY", "MAIL_WEBHOOK_SECRET",
+)
+CREDENTIAL_MARK = "[provider key]"
+# Shorter than this a value is no real credential, and marking it would garble the words it
+# happens to stand in.
+_CREDENTIAL_MIN_LENGTH = 8
+
+
+def credentials_marked(text: str) -> str:
+    """Text from a transport exception or a provider's answer as the journal may keep it: each
+    configured credential, as it is or escaped as an exception repeats it, replaced by
+    CREDENTIAL_MARK, and any other secret secret_in_text finds by "[secret]". Text that would
+    still hold card data or a secret is not kept at all."""
+    # Here, not at the top: settings import the adapters before the models can load.
+    from operations.intents.validation import secret_in_text, secrets_marked
+
+    forms: set[str] = set()
+    for name in CREDENTIAL_SETTINGS:
+        # Trimmed: the whitespace around it stays in the text, to say what is wrong with it.
+        value = str(getattr(settings, name, "") or "").strip()
+        forms |= {value, value.encode("unicode_escape").decode()}
+    # The longest first: one key may hold another.
+    for form in sorted(forms, key=len, reverse=True):
+        if len(form) >= _CREDENTIAL_MIN_LENGTH:
+            text = text.replace(form, CREDENTIAL_MARK)
+    text = secrets_marked(text, "[secret]")
+    if secret_in_text(text):
+        return "[not kept: the text looked like card data or a secret]"
+    return text
+
+
+def _marked(value: Any) -> Any:
+    """A provider's error object with credentials_marked applied to every string in it."""
+    if isinstance(value, str):
+        return credentials_marked(value)
+    if isinstance(value, dict):
+        return {key: _marked(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [_marked(inner) for inner in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int | None  # None: no HTTP answer at all
@@ -129,15 +178,20 @@ def send(
             timeout=timeout,
         )
     except httpx.TimeoutException as exc:
-        return Answer(None, transport_error="timeout", message=str(exc) or "timed out")
+        return Answer(None, transport_error="timeout",
+                      message=credentials_marked(str(exc)) or "timed out")
     except httpx.TransportError as exc:
-        return Answer(None, transport_error="connection", message=str(exc) or type(exc).__name__)
+        return Answer(None, transport_error="connection",
+                      message=credentials_marked(str(exc)) or type(exc).__name__)
     try:
         body = response.json()
     except ValueError:
         body = {}
     if not isinstance(body, dict):
         body = {"data": body}
+    if isinstance(body.get("error"), dict):
+        # What a failure keeps of the answer (its message, the error whole) comes from here.
+        body["error"] = _marked(body["error"])
     return Answer(
         response.status_code, body, response.headers.get("Request-Id", ""),
         replayed=response.headers.get("Idempotent-Replayed", "").lower() == "true",

@@ -707,3 +707,20 @@ def test_it_ends_quietly_when_the_reader_of_its_output_stops(acme):
     stderr = listing.stderr.read().decode()
     assert listing.wait(timeout=60) == 141
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_prints_the_api_key_from_operations_reconcile(
+    acme, approver, maintenance_page, settings
+):
+    from operations.engine import operation_execute
+    from tests.operations.engine_helpers import authorized_payment
+
+    key = "sk_live_51RevIewSecretKeyValue0123456789"
+    settings.PAYMENTS_API_KEY = key + "\n"  # as read from a secret file: no request is sent
+    op = authorized_payment(acme, approver)
+    operation_execute(operation_id=op.id)
+
+    printed = _run("reconcile", op.id, "--reason", "runbook step 3")
+    # README: the command line never repeats what looks like card data or a secret.
+    assert key not in printed, printed

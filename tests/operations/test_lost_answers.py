@@ -10,17 +10,25 @@ external objects exist, not only the final status.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from operations import engine
-from operations.models import Attempt, AttemptKind, Operation, OperationStatus
+from operations.models import (
+    Attempt,
+    AttemptKind,
+    AuditEvent,
+    Evidence,
+    Operation,
+    OperationStatus,
+)
 from operations.sandbox.models import Deal, IdempotencyRecord, Message, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
-from tests.helpers import updated_past_triggers, wait_for
+from tests.helpers import signed_in, updated_past_triggers, wait_for
 from tests.operations.engine_helpers import authorized_payment, died_mid_call
 from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
 
@@ -29,6 +37,7 @@ DEAL = {"name": "Renewal", "amount_minor": 100000, "currency": "EUR", "owner": "
 MAIL = {"to": "cfo@acme.test", "template": "receipt", "params": {"invoice": "inv_42"}}
 # Each way a CRM or mail call's answer goes missing or wrong, stalls cut short at 2.5 s.
 LOST_ANSWERS = ["commit_then_drop", "delay", "http_500_after_commit", "http_500"]
+LIVE_KEY = "sk_live_51RevIewSecretKeyValue0123456789"
 
 
 def assert_left_to_a_person(op: Operation, report, *, detail: str, summary: str) -> None:
@@ -592,3 +601,47 @@ def test_it_sends_one_email_with_one_key_whatever_becomes_of_its_answer(
     assert len(writes) == (2 if kind in ("delay", "http_500") else 1)
     assert {w.idempotency_key for w in writes} == {op.idempotency_key}
     assert len({w.params_hash for w in writes}) == 1
+
+
+def _everything_kept(op: Operation) -> str:
+    op.refresh_from_db()
+    parts = [op.error_code, op.error_message, json.dumps(op.result)]
+    for attempt in Attempt.objects.filter(operation=op):
+        parts += [attempt.error_class, attempt.error_message, attempt.review_note]
+    for evidence in Evidence.objects.filter(operation=op):
+        parts += [evidence.summary, json.dumps(evidence.data)]
+    for event in AuditEvent.objects.filter(object_id=op.id):
+        parts += [event.reason, json.dumps(event.before), json.dumps(event.after)]
+    return "\n".join(parts)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_the_api_key_out_of_the_journal_when_the_request_cannot_be_sent(
+    acme, approver, operator, auditor, maintenance_page, settings
+):
+    # A key read from a secret file ends in a newline: httpx refuses to send the request with
+    # "Illegal header value b'Bearer <the key>\\n'", which was kept as the provider's answer.
+    settings.PAYMENTS_API_KEY = LIVE_KEY + "\n"
+    op = authorized_payment(acme, approver)
+
+    engine.operation_execute(operation_id=op.id)
+    engine.operation_reconcile(operation_id=op.id, actor=operator, reason="customer is asking")
+
+    kept = _everything_kept(op)
+    assert "[provider key]" in op.error_message
+    assert LIVE_KEY not in kept, "the API key was written to the journal / audit trail"
+    page = signed_in(auditor).get(f"/operations/{op.id}/").content.decode()
+    assert LIVE_KEY not in page, "the API key is shown on the operation's page to an auditor"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_shows_the_api_key_on_the_operation_page(
+    acme, approver, auditor, maintenance_page, settings
+):
+    settings.PAYMENTS_API_KEY = LIVE_KEY + " "  # pasted with a trailing space
+    op = authorized_payment(acme, approver)
+
+    engine.operation_execute(operation_id=op.id)
+
+    page = signed_in(auditor).get(f"/operations/{op.id}/").content.decode()
+    assert LIVE_KEY not in page, "the API key is shown on the operation's page to an auditor"

@@ -18,7 +18,13 @@ from operations.providers.base import (
     request_fingerprint,
 )
 from operations.providers.signing import hmac_signature_header, stripe_signature_header
-from operations.providers.transport import Answer, call_failure, call_result
+from operations.providers.transport import (
+    Answer,
+    call_failure,
+    call_result,
+    credentials_marked,
+    send,
+)
 from operations.sandbox.models import Deal, Message, PaymentIntent
 from operations.sandbox.selectors import (
     sandbox_requests,
@@ -1086,6 +1092,33 @@ def test_it_links_a_mail_event_by_the_operation_its_message_carries(settings):
     )
     assert (facts.operation_id, facts.external_id, facts.status) == (
         "op_mail", "msg_1", CallOutcome.SUCCEEDED)
+
+
+def test_it_marks_the_configured_credentials_in_what_an_answer_or_a_transport_error_says(
+    settings
+):
+    # What a failure says is journaled and shown: a key there would reach every viewer.
+    settings.CRM_API_KEY = "crm_live_k3y_0123456789\n"  # as read from a secret file
+    settings.MAIL_WEBHOOK_SECRET = "mail-hook-secret-a\x01bcdef"
+    echo = NotTheProvider.answering_json({"error": {
+        "message": "Invalid API key crm_live_k3y_0123456789",
+        "detail": ["signed with mail-hook-secret-a\x01bcdef", 3],
+    }})
+    try:
+        answer = send("GET", echo.url, api_key="crm_sandbox_key")
+    finally:
+        echo.close()
+    assert answer.error == {"message": "Invalid API key [provider key]",
+                            "detail": ["signed with [provider key]", 3]}
+    # As httpx words a header it refuses: the newline still shows what is wrong.
+    assert credentials_marked(
+        "Illegal header value b'Bearer crm_live_k3y_0123456789\\n'"
+    ) == "Illegal header value b'Bearer [provider key]\\n'"
+    assert credentials_marked("a b'mail-hook-secret-a\\x01bcdef' c") == "a b'[provider key]' c"
+    # Any other secret the journal refuses from a person, and card data, are not kept either.
+    jwt = "eyJhbGciOiJIUzI1.eyJzdWIiOiIx.SflKxwRJSMeK"
+    assert credentials_marked(f"token {jwt}") == "token [secret]"
+    assert "4242" not in credentials_marked("card 4242 4242 4242 4242 declined")
 
 
 @pytest.mark.parametrize(

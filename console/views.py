@@ -27,7 +27,7 @@ from approvals.selectors import approvals_waiting
 from console.celery import broker_connection_check
 from console.forms import AuditFilterForm
 from operations.htmx import page_render
-from operations.intents import mask_person_text
+from operations.intents import mask_person_text, payload_hashes_fingerprinted
 from operations.selectors import (
     audit_action_names,
     audit_events_for_user,
@@ -82,14 +82,17 @@ def _masked(value: Any) -> Any:
 
 def audit_changes(before: Any, after: Any) -> list[AuditChange]:
     """An event's before/after as a person reads it: one line per field, old → new where
-    it changed (the CSV export keeps the stored JSON, masked as the page is)."""
+    it changed (the CSV export keeps the stored JSON, masked as the page is). An intent's
+    hash is shown as its keyed fingerprint on both: the trail is read beside the masked
+    intent, which the hash itself would give back whole."""
 
     def fields(side: Any) -> dict[str, Any]:
         if side is None:
             return {}
         return side if isinstance(side, dict) else {"value": side}
 
-    old, new = fields(before), fields(after)
+    old = fields(payload_hashes_fingerprinted(before))
+    new = fields(payload_hashes_fingerprinted(after))
     changes = []
     for name in [*old, *(name for name in new if name not in old)]:
         was = _audit_value(old[name]) if name in old else None
@@ -203,8 +206,10 @@ def _csv_rows(events) -> Iterator[list[str]]:
             # account number, and the export is read by whoever gets the file.
             _cell(event.object_type), _cell(event.object_id),
             _cell(mask_person_text(event.reason)),
-            "" if event.before is None else _cell(_audit_json(event.before)),
-            "" if event.after is None else _cell(_audit_json(event.after)),
+            "" if event.before is None
+            else _cell(_audit_json(payload_hashes_fingerprinted(event.before))),
+            "" if event.after is None
+            else _cell(_audit_json(payload_hashes_fingerprinted(event.after))),
         ]
 
 

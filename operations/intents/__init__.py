@@ -22,6 +22,8 @@ from operations.intents.display import (
     mask_reference,
     mask_text,
     money_format,
+    payload_fingerprint,
+    payload_hashes_fingerprinted,
     words_given_back,
 )
 from operations.intents.validation import (
@@ -61,6 +63,8 @@ __all__ = [
     "mask_reference",
     "mask_text",
     "money_format",
+    "payload_fingerprint",
+    "payload_hashes_fingerprinted",
     "secret_in_text",
     "secrets_marked",
     "words_given_back",

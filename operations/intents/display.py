@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from django.utils.crypto import salted_hmac
+
 from operations.currencies import currency_exponent, currency_known
 from operations.intents.validation import (
     EMAIL_ADDRESS,
@@ -28,6 +30,39 @@ _EMAIL_HERE = re.compile(rf"{_EMAIL_CHAR}++@{_EMAIL_CHAR}+\.[^\W\d_]{{2,}}")
 # from every one, a valid deal name ("aaaa…@a.a.a.…") cost seconds per render, quadratic.
 _EMBEDDED_EMAIL = re.compile(rf"(?<!{_EMAIL_CHAR}){_EMAIL_HERE.pattern}")
 _EMBEDDED_DIGITS = re.compile(rf"\d(?:[\d{NUMBER_SEPARATORS}]*\d)?")
+
+# Where the journal's rows name an intent's hash (an audit event's before and after).
+PAYLOAD_HASH_FIELDS = frozenset({"payload_hash", "approved_hash", "authorized_hash"})
+
+
+def payload_fingerprint(payload_hash: str) -> str:
+    """A payload hash as shown to a person who may not see the intent unmasked: keyed
+    (HMAC-SHA256 under SECRET_KEY), so an approval and its operation still compare equal.
+    The hash itself is an unkeyed sha256 over the canonical intent, every other field of
+    which the masked page shows: an account cut to its last four digits is back within a
+    million guesses of its hidden ones."""
+    if not payload_hash:
+        return ""
+    digest = salted_hmac(
+        "operations.payload_fingerprint", payload_hash, algorithm="sha256"
+    ).hexdigest()
+    return f"fp:{digest}"
+
+
+def payload_hashes_fingerprinted(value: Any) -> Any:
+    """A journaled before/after with each payload hash in it (PAYLOAD_HASH_FIELDS) shown as
+    its payload_fingerprint, at any depth."""
+    if isinstance(value, Mapping):
+        return {
+            key: payload_fingerprint(inner)
+            if key in PAYLOAD_HASH_FIELDS and isinstance(inner, str)
+            else payload_hashes_fingerprinted(inner)
+            for key, inner in value.items()
+        }
+    if isinstance(value, list):
+        return [payload_hashes_fingerprinted(inner) for inner in value]
+    return value
+
 
 def major_units(amount_minor: int, currency: str) -> Decimal:
     """An amount in the currency's own units (ISO 4217 exponent): 1250000 KZT → 12500.

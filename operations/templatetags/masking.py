@@ -1,4 +1,4 @@
-"""What a person typed, as the masked views show it."""
+"""What a person typed, and the hash of an intent, as the masked views show them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from operations.intents import mask_person_text
+from operations.intents import mask_person_text, payload_fingerprint
 
 register = template.Library()
 
@@ -18,3 +18,13 @@ def masked_unless(value: Any, unmasked: Any) -> Any:
     if unmasked or not value:
         return value
     return mask_person_text(str(value))
+
+
+@register.filter
+def payload_hash_shown(value: Any, unmasked: Any) -> str:
+    """`{{ op.payload_hash|payload_hash_shown:unmasked }}`: the hash itself on the audited
+    unmasked view only; elsewhere its keyed fingerprint, from which the masked values of the
+    intent cannot be guessed back."""
+    if unmasked or not value:
+        return value or ""
+    return payload_fingerprint(str(value))

@@ -11,6 +11,7 @@ from django.urls import reverse
 from approvals.models import Approval, ApprovalStatus
 from approvals.services import approval_approve
 from operations.engine import operation_prepare, operation_resolve
+from operations.intents import payload_fingerprint
 from operations.models import AuditEvent, Operation
 from tests.approvals.conftest import BENEFICIARY, EMAIL
 from tests.helpers import signed_in, updated_past_triggers
@@ -41,6 +42,25 @@ def test_it_lists_pending_cards_masked_with_money_and_legal_entity(
     assert 'hx-trigger="approvals-changed from:body"' in html
     assert "{#" not in html and "Refreshed on its own" not in html  # comments stay comments
     assert not AuditEvent.objects.filter(action="approval.view_unmasked").exists()
+
+
+def test_it_shows_a_masked_card_the_keyed_fingerprint_its_operation_page_shows(
+    acme, admin_user, approver, prepare_payment
+):
+    # The unkeyed hash of the intent beside its masked values would give those back to a
+    # brute force; its keyed fingerprint still lets a person match the card to the operation.
+    approval = prepare_payment(acme)
+    fingerprint = payload_fingerprint(approval.payload_hash)
+    operation_page = signed_in(approver).get(
+        reverse("operations:detail", args=[approval.operation_id])).content.decode()
+    assert fingerprint in operation_page
+    for user in (approver, admin_user):
+        for url in (reverse("approvals:queue"), reverse("approvals:detail", args=[approval.id])):
+            html = signed_in(user).get(url).content.decode()
+            assert approval.payload_hash[7:30] not in html
+            assert f'title="Keyed fingerprint of the payload hash, equal for equal intents; ' \
+                f'the hash itself is on the unmasked view: {fingerprint}"' in html
+            assert fingerprint[:20] in html
 
 
 def test_it_limits_a_comment_or_reason_in_the_browser_as_the_forms_do(
@@ -89,6 +109,7 @@ def test_it_shows_unmasked_values_only_with_the_permission_and_audits_it(
     response = client.get(url + "?unmasked=1")
     html = response.content
     assert BENEFICIARY in html.decode()
+    assert approval.payload_hash in html.decode()  # the hash itself, on the audited view only
     assert f"to {BENEFICIARY} for invoice" in html.decode()  # the summary line too
     assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"]
     event = AuditEvent.objects.get(action="approval.view_unmasked")

@@ -8,6 +8,7 @@ import pytest
 from django.db import IntegrityError, InternalError, connection, transaction
 from django.test import Client
 
+from operations.intents import payload_fingerprint
 from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.services import audit_event_record
 from tests.helpers import plan_rows_read, queries_run
@@ -646,3 +647,28 @@ def test_it_shows_a_change_between_two_nested_values_masked_alike():
     (change,) = audit_changes({"to": {"account": "40817810099910004312"}},
                               {"to": {"account": "40817810099920004312"}})
     assert change.before == change.after == '{"account": "••••4312"}'
+
+
+@pytest.mark.django_db
+def test_it_shows_and_exports_an_intents_hash_as_its_keyed_fingerprint(
+    acme, approver, auditor
+):
+    from approvals.models import Approval
+    from approvals.services import approval_approve
+    from tests.helpers import signed_in
+    from tests.operations.engine_helpers import prepared_payment
+
+    # Beside the masked intent the trail shows, the unkeyed hash would give the masked
+    # account back to a brute force; the fingerprints still match approval to operation.
+    op = prepared_payment(acme, beneficiary_id="8701234567")
+    approval_approve(approval_id=Approval.objects.get(operation=op).id, actor=approver)
+    fingerprint = payload_fingerprint(op.payload_hash)
+    client = signed_in(auditor)
+    page = client.get("/audit/").content.decode()
+    exported = b"".join(client.get("/audit.csv").streaming_content).decode("utf-8-sig")
+    for shown in (page, exported):
+        assert op.payload_hash[7:] not in shown
+        # Recorded, approved and authorized: each under the same fingerprint.
+        assert shown.count(fingerprint) >= 3, shown
+    assert AuditEvent.objects.get(action="operation.prepare").after["payload_hash"] == (
+        op.payload_hash)  # kept whole: only what pages show changes

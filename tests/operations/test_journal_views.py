@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from datetime import timedelta
@@ -11,6 +12,7 @@ from django.utils import timezone
 from ulid import ULID
 
 from operations.engine import operation_prepare
+from operations.intents import intent_canonical, payload_fingerprint
 from operations.models import AuditEvent, Evidence, EvidenceKind, Operation
 from tests.factories import CallAttemptFactory
 from tests.helpers import plan_rows_read, queries_run, signed_in
@@ -345,7 +347,9 @@ def test_it_masks_the_beneficiary_and_email_on_the_detail(private_ops, who, requ
     assert "40817810099910004312" not in html and "••••4312" in html
     asked = client.get(f"/operations/{pay.id}/?unmasked=1").content.decode()
     assert "40817810099910004312" not in asked and "Show unmasked" not in asked
-    assert pay.payload_hash in html and pay.idempotency_key in html
+    # The hash of the masked intent gives its masked values back: its keyed fingerprint.
+    assert pay.payload_hash not in html and pay.idempotency_key in html
+    assert payload_fingerprint(pay.payload_hash) in html and "Payload fingerprint" in html
     html = client.get(f"/operations/{mail.id}/").content.decode()
     assert "jane.doe@example.com" not in html and "j***@example.com" in html
     assert "77011234567" not in html
@@ -362,8 +366,10 @@ def test_it_shows_unmasked_values_to_admin_and_audits_the_view(private_ops, admi
     html = client.get(f"/operations/{pay.id}/").content.decode()
     assert "40817810099910004312" not in html and "Show unmasked values" in html
     assert not AuditEvent.objects.filter(action="operation.view_unmasked").exists()
+    assert pay.payload_hash not in html
     unmasked = client.get(f"/operations/{pay.id}/?unmasked=1")
     assert "40817810099910004312" in unmasked.content.decode()
+    assert pay.payload_hash in unmasked.content.decode()  # the audited view: the hash itself
     # Shown once, audited once: not kept for Back or a proxy to show again.
     assert "no-store" in unmasked["Cache-Control"] and "private" in unmasked["Cache-Control"]
     assert "jane.doe@example.com" in client.get(
@@ -867,3 +873,36 @@ def test_it_shows_whole_the_sums_an_operator_compares(acme, operator, sandbox):
     for url in ("/operations/unknown/", f"/operations/{op.id}/"):
         html = signed_in(operator).get(url).content.decode()
         assert "1600000000 MGA" in html and "1500000000 MGA" in html, url
+
+
+@pytest.mark.django_db
+def test_it_does_not_let_the_masked_operation_page_reveal_the_masked_account(acme, auditor):
+    account = "8701234567"  # a beneficiary's 10-digit account (or phone) number
+    op = prepared_payment(acme, beneficiary_id=account)
+    page = signed_in(auditor).get(f"/operations/{op.id}/").content.decode()
+    assert "Show unmasked values" not in page  # an auditor may not unmask
+    assert account not in page and "••••4567" in page  # masked, as it should be
+
+    for shown in (op.action, acme.slug, op.payload["invoice_id"], "12,500.00 KZT",
+                  op.policy_version):
+        assert shown in page
+    # Everything else in the intent is on the same page: action, tenant, invoice, amount,
+    # currency and policy version. Only the six hidden digits are unknown: an unkeyed hash of
+    # the intent beside them gives them back in a second.
+    template, _ = intent_canonical(
+        action=op.action, tenant=acme.slug, policy_version=op.policy_version,
+        payload={**op.payload, "beneficiary_id": "@@@@@@4567"},
+    )
+    head, tail = template.encode().split(b"@@@@@@")
+    for shown_hash in set(re.findall(r"sha256:[0-9a-f]{64}", page)):
+        recovered = None
+        for n in range(1_000_000):
+            guess = b"%06d" % n
+            if "sha256:" + hashlib.sha256(head + guess + tail).hexdigest() == shown_hash:
+                recovered = guess.decode() + "4567"
+                break
+        assert recovered is None, (
+            f"the masked page's payload hash gives the masked account back in full: {recovered}"
+        )
+    assert op.payload_hash[7:19] not in page
+    assert payload_fingerprint(op.payload_hash) in page

@@ -87,6 +87,14 @@ def url_parts(name: str, raw: str) -> SplitResult:
     return parts
 
 
+def url_shown(raw: str) -> str:
+    """A URL as a start-up line may name it: scheme, host and port. Its user, password, path
+    and query stay out (a base may carry credentials, a query a token)."""
+    parts = urlsplit(raw)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host or ''}" + (f":{parts.port}" if parts.port else "")
+
+
 def local_web_port(environ: Mapping[str, str]) -> str:
     """The port this checkout's console serves on: PORT, else the one a running `make run`
     recorded, else 8000. A record left by a `make run` that is gone is ignored."""

@@ -21,6 +21,7 @@ from console.env import (
     local_web_port,
     read_config,
     url_parts,
+    url_shown,
 )
 from operations.providers.base import sandbox_endpoint
 from operations.providers.payments import PAYMENT_METHOD_ID, STRIPE_SECRET, STRIPE_VERSION
@@ -379,7 +380,8 @@ def _provider_credential(name: str, sandbox_value: str, *, base: str) -> str:
             )
         return value
     if not DEBUG and not sandbox_endpoint(base):
-        raise ConfigError(f"{name} must be set: its provider is not the sandbox ({base})")
+        raise ConfigError(
+            f"{name} must be set: its provider is not the sandbox ({url_shown(base)})")
     if not DEBUG:
         # A demo deployment serves its sandbox to the world: with the printed value anyone
         # could call it, read every tenant's effects there, and sign webhooks the console
@@ -420,7 +422,7 @@ PAYMENTS_PAYMENT_METHOD = os.environ.get("PAYMENTS_PAYMENT_METHOD", "")
 if not PAYMENTS_PAYMENT_METHOD:
     if not DEBUG and not sandbox_endpoint(PAYMENTS_API_BASE):
         raise ConfigError("PAYMENTS_PAYMENT_METHOD must be set: its provider is not the "
-                          f"sandbox ({PAYMENTS_API_BASE})")
+                          f"sandbox ({url_shown(PAYMENTS_API_BASE)})")
     PAYMENTS_PAYMENT_METHOD = "pm_card_visa"
 elif not PAYMENT_METHOD_ID.fullmatch(PAYMENTS_PAYMENT_METHOD):
     # Taken as it is, the provider would refuse every payment only after a person approved
@@ -478,8 +480,8 @@ for _name, _base in (("PAYMENTS_API_BASE", PAYMENTS_API_BASE), ("CRM_API_BASE", 
     if sandbox_endpoint(_base) and not SANDBOX_ENABLED:
         # Every effect would fail against a sandbox that is not served: say so at start.
         raise ConfigError(
-            f"{_name} points at the sandbox ({_base}), which is off with DEBUG off: set "
-            f"{_name} to the provider, or SANDBOX_ENABLED=1 for a demo deployment"
+            f"{_name} points at the sandbox ({url_shown(_base)}), which is off with DEBUG off: "
+            f"set {_name} to the provider, or SANDBOX_ENABLED=1 for a demo deployment"
         )
 if SANDBOX_ENABLED:
     # The worker reaches the sandbox, and the sandbox this console's webhooks, over plain

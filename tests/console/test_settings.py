@@ -402,6 +402,26 @@ def test_it_never_prints_the_password_of_a_url_it_refuses(variable, url):
     assert "percent-encoding" in result.stderr
 
 
+@pytest.mark.parametrize(("overrides", "variable"), [
+    # A real provider without its key: the line names where the base points.
+    ({"PAYMENTS_API_KEY": ""}, "PAYMENTS_API_KEY"),
+    ({"PAYMENTS_PAYMENT_METHOD": ""}, "PAYMENTS_PAYMENT_METHOD"),
+    # A sandbox base (loopback, under /sandbox/) with the sandbox off.
+    ({"CRM_API_BASE": "http://acct:Zq81mPw@127.0.0.1:8000/sandbox/crm?token=tQ9v"},
+     "CRM_API_BASE"),
+])
+def test_it_names_a_provider_base_without_its_credentials(overrides, variable):
+    """A base may carry a user and password, or a token in its query: a start-up line that
+    names it shows its scheme, host and port, never those."""
+    base = "https://acct:Zq81mPw@pay.example.com:8443/v1?token=tQ9v"
+    result = run_check(**{**DEPLOYED, "PAYMENTS_API_BASE": base, **overrides})
+    _one_line_naming(result, variable)
+    assert "Zq81mPw" not in result.stderr and "tQ9v" not in result.stderr, result.stderr
+    shown = ("http://127.0.0.1:8000" if variable == "CRM_API_BASE"
+             else "https://pay.example.com:8443")
+    assert f"({shown})" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(("variable", "value"), [
     ("DATABASE_URL", "postgresql://console:pa[ss@db.internal:5432/console"),
     ("REDIS_URL", "redis://:pa]ss@redis.internal:6379/0"),

@@ -39,6 +39,7 @@ from operations.selectors import (
     answers_for_review_count,
     answers_for_review_for_user,
     answers_held_for_review,
+    checks_overdue_before,
     keyset_page,
     operation_for_user,
     operation_lineage,
@@ -49,6 +50,8 @@ from operations.selectors import (
     operations_journal,
     operations_lookup_failing_count,
     operations_lookup_failing_queue,
+    operations_not_run_count,
+    operations_not_run_queue,
     operations_stuck_count,
     operations_stuck_queue,
     operations_unknown_count,
@@ -112,13 +115,14 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
     held_answers = answers_for_review_for_user(user, limit=UNKNOWN_QUEUE_SIZE)
     disputed = _summarized(operations_disputed_queue(user, limit=UNKNOWN_QUEUE_SIZE))
     stuck = _summarized(operations_stuck_queue(user, limit=UNKNOWN_QUEUE_SIZE))
+    not_run = _summarized(operations_not_run_queue(user, limit=UNKNOWN_QUEUE_SIZE))
     lookup_failing = _summarized(
         operations_lookup_failing_queue(user, limit=UNKNOWN_QUEUE_SIZE)
     )
     # An auditor reads the same queue; it must not tell them to do what they may not. Row by
     # row: one person may operate one tenant's effects and only audit another's.
     operating = set(tenants_for_user(user, "operate_operations").values_list("id", flat=True))
-    listed = {op.tenant_id for op, _ in (*rows, *disputed, *stuck, *lookup_failing)} | {
+    listed = {op.tenant_id for op, _ in (*rows, *disputed, *stuck, *not_run, *lookup_failing)} | {
         row.operation.tenant_id for row in (*held, *held_answers)
     }
     return render(request, "operations/unknown.html", {
@@ -128,6 +132,7 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "held_answers_total": in_all(held_answers, answers_for_review_count),
         "disputed": disputed, "disputed_total": in_all(disputed, operations_disputed_count),
         "stuck": stuck, "stuck_total": in_all(stuck, operations_stuck_count),
+        "not_run": not_run, "not_run_total": in_all(not_run, operations_not_run_count),
         "lookup_failing": lookup_failing,
         "lookup_failing_total": in_all(lookup_failing, operations_lookup_failing_count),
         # As a moment, so the page says the limit in words ("1 hour") with timesince.
@@ -137,11 +142,7 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "operating": operating,
         "may_operate": bool(operating & listed),
         "may_resolve_lookup_failing": any(op.tenant_id in operating for op, _ in lookup_failing),
-        # The sweep claims a due check within one of its rounds, moving it into the future;
-        # one due longer than two rounds ago is one no sweep has taken.
-        "checks_overdue_before": timezone.now() - timedelta(
-            seconds=2 * settings.CELERY_BEAT_SCHEDULE["sweep-operations"]["schedule"]
-        ),
+        "checks_overdue_before": checks_overdue_before(),
         # Nothing waits "for a person" is no claim to make to someone who sees no tenant.
         "sees_a_tenant": tenants_for_user(request.user).exists(),
     })

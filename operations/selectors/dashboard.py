@@ -21,6 +21,7 @@ from operations.selectors.access import tenant_ids_for_user
 from operations.selectors.queues import (
     answers_held_for_review,
     lookups_failing_too_long,
+    not_run,
     webhooks_held_for_review,
 )
 
@@ -96,11 +97,13 @@ def dashboard_metrics(user) -> dict:
         "reapprovals": ops.filter(
             supersedes__isnull=False, requires_approval=True, created_at__gte=since
         ).count(),
-        # A worker's lease ran out and no sweep has turned it unknown yet: the beat is down,
-        # or behind. Nobody else would see it.
+        # A worker's lease ran out and no sweep has turned it unknown yet, or an approved or
+        # accepted one's next automatic step is overdue: the beat or the workers are down,
+        # or behind. Nobody else would see them. Two counts, each a range of its partial
+        # index.
         "stuck_count": ops.filter(
             status=OperationStatus.IN_PROGRESS, lease_expires_at__lte=now
-        ).count(),
+        ).count() + ops.filter(not_run()).count(),
         # Accepted, and the provider has not answered a lookup for long (a range of the
         # partial index on lookups_failing_since): listed in the operators' queue.
         "lookup_failing_count": ops.filter(

@@ -1,14 +1,14 @@
-"""What waits for a person: unknown, disputed and stuck operations, accepted ones the
-provider has not answered about for long, and provider reports and call answers held for
-review."""
+"""What waits for a person: unknown, disputed and stuck operations, approved or accepted ones
+no sweep has taken on, accepted ones the provider has not answered about for long, and
+provider reports and call answers held for review."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from operations.models import Attempt, Evidence, Operation, OperationStatus, WebhookEvent
@@ -57,17 +57,42 @@ def lookups_failing_too_long() -> dict[str, Any]:
     return {"lookups_failing_since__lte": timezone.now() - limit}
 
 
+def operations_not_run_queue(user, *, limit: int = 100):
+    """Approved (or proven absent) and not run, or accepted and not looked up, though the
+    next automatic step is overdue: no sweep has run since (the beat, or the workers that run
+    its sweep, are down or far behind), and the workers have not run them either. Nobody
+    else would see them: the approval is decided, and the sweep that would queue them again
+    is what is missing. One the failing-lookups list shows is left to it. Overdue longest
+    first (a range of the partial index on next_reconcile_at)."""
+    return _operations_waiting(user, not_run(), order=("next_reconcile_at", "id"), limit=limit)
+
+
+def checks_overdue_before() -> datetime:
+    """The sweep claims a due check within one of its rounds, moving it into the future;
+    one due before this (two rounds ago) is one no sweep has taken."""
+    every = settings.CELERY_BEAT_SCHEDULE["sweep-operations"]["schedule"]
+    return timezone.now() - timedelta(seconds=2 * every)
+
+
+def not_run() -> Q:
+    """The condition on an approved or accepted operation no sweep has taken on."""
+    return Q(
+        status__in=[OperationStatus.NOT_STARTED, OperationStatus.ACCEPTED],
+        next_reconcile_at__lte=checks_overdue_before(),
+    ) & ~Q(**lookups_failing_too_long())
+
+
 def _lease_ran_out() -> dict[str, Any]:
     return {"lease_expires_at__lte": timezone.now()}
 
 
 def _operations_waiting(
-    user, *, status: str, order: tuple[str, ...], limit: int, **conditions: Any
+    user, *where: Q, order: tuple[str, ...], limit: int, **conditions: Any
 ):
     last_evidence = Evidence.objects.filter(operation=OuterRef("pk")).order_by("-id")
     return list(
         operations_for_user(user)
-        .filter(status=status, **conditions)
+        .filter(*where, **conditions)
         .select_related("tenant")
         .annotate(
             last_evidence_summary=Subquery(last_evidence.values("summary")[:1]),
@@ -139,6 +164,10 @@ def operations_stuck_count(user) -> int:
         .filter(status=OperationStatus.IN_PROGRESS, **_lease_ran_out())
         .count()
     )
+
+
+def operations_not_run_count(user) -> int:
+    return operations_for_user(user).filter(not_run()).count()
 
 
 def operations_lookup_failing_count(user) -> int:

@@ -10,16 +10,30 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from approvals.models import Approval
+from approvals.services import approval_approve
 from console.roles import role_grant
-from operations.engine import operation_dispute, operation_reconcile, operation_resolve
-from operations.models import Attempt, Evidence, Operation
+from operations import tasks
+from operations.engine import (
+    operation_dispute,
+    operation_prepare,
+    operation_reconcile,
+    operation_resolve,
+)
+from operations.models import Attempt, Evidence, Operation, OperationStatus
 from operations.sandbox.models import PaymentIntent
 from operations.selectors import dashboard_metrics
 from tests.factories import CallAttemptFactory
 from tests.helpers import signed_in, updated_past_triggers
-from tests.operations.engine_helpers import died_mid_call, make_unknown, prepared_payment
+from tests.operations.engine_helpers import (
+    PAYMENT,
+    authorized_payment,
+    died_mid_call,
+    make_unknown,
+    prepared_payment,
+)
 from tests.operations.operator_helpers import payment_at_provider
 
 pytestmark = pytest.mark.django_db
@@ -283,8 +297,8 @@ def test_it_shows_an_operation_stuck_on_an_expired_lease_in_the_operators_queue(
 
     assert "Nothing waits for a person." not in queue
     assert 'id="stuck"' in queue and op.id in queue
-    card = _metric(client.get("/").content.decode(), "Stuck in progress")
-    assert 'aria-label="1 stuck in progress' in card
+    card = _metric(client.get("/").content.decode(), "Stuck")
+    assert 'aria-label="1 stuck: no worker or sweep has taken them"' in card
 
 
 def test_it_claims_nothing_waits_only_to_someone_granted_a_tenant(stranger, acme):
@@ -326,3 +340,95 @@ def test_it_shows_a_check_overdue_since_yesterday_with_its_date_and_says_why(acm
     assert "<em>Reconcile now</em> on its page" in cell
     cell = _next_check_cell(html, coming)
     assert soon.strftime("%Y-%m-%d %H:%M:%S") in cell and "overdue" not in cell
+
+
+def test_it_shows_an_approved_payment_no_worker_has_run_for_an_hour(
+    acme, approver, operator, monkeypatch
+):
+    """The broker refused the execute at the approval's commit, and no sweep has run since
+    (the beat, or the workers that run it, are down): the sweep would have queued it again
+    60 s after the approval. The queue said "Nothing waits for a person" and the dashboard
+    counted nothing stuck, while the approved payment waited to go out."""
+    op = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT)
+    approval = Approval.objects.get(operation=op, status="pending")
+
+    def broker_down(operation_id: str) -> None:
+        raise OperationalError("Error 111 connecting to redis")
+
+    monkeypatch.setattr(tasks.execute_operation, "delay", broker_down)
+    approval_approve(approval_id=approval.id, actor=approver)  # logged, the approval stands
+    op.refresh_from_db()
+    assert op.status == OperationStatus.NOT_STARTED and op.authorized_hash == op.payload_hash
+    recheck_due = op.next_reconcile_at
+    later = timezone.now() + timedelta(hours=1)
+    monkeypatch.setattr(timezone, "now", lambda: later)
+    op.refresh_from_db()
+    assert op.status == OperationStatus.NOT_STARTED and op.next_reconcile_at == recheck_due
+    assert op.authorization_expires_at > later
+
+    client = signed_in(operator)
+    queue = client.get("/operations/unknown/").content.decode()
+
+    assert "Nothing waits for a person." not in queue
+    assert 'id="not-run"' in queue and queue.count(f'<a href="/operations/{op.id}/">') == 1
+    assert "approved, not run</strong>: is the worker / beat running?" in queue
+    assert dashboard_metrics(operator)["stuck_count"] == 1
+    card = _metric(client.get("/").content.decode(), "Stuck")
+    assert 'aria-label="1 stuck: no worker or sweep has taken them"' in card
+    assert 'href="/operations/unknown/#stuck"' in card and 'id="stuck"' in queue
+
+
+def _accepted_and_due(acme, approver) -> Operation:
+    op = authorized_payment(acme, approver)
+    then = timezone.now() - timedelta(minutes=2)
+    CallAttemptFactory(operation=op, started_at=then, finished_at=then, outcome="accepted")
+    Operation.objects.filter(id=op.id).update(
+        status=OperationStatus.ACCEPTED, status_changed_at=then, external_id="pi_x",
+        provider_calls=1, next_reconcile_at=timezone.now(),
+    )
+    return op
+
+
+def test_it_shows_an_accepted_payment_whose_next_lookup_no_sweep_has_run_for_an_hour(
+    acme, approver, operator, other_tenant_user, monkeypatch
+):
+    """Accepted (processing at the bank), its webhook lost: only the sweep's lookups would
+    ever settle it. With no sweep for an hour its check is as overdue as an unknown's, which
+    the queue flagged; an accepted one was flagged nowhere."""
+    op = _accepted_and_due(acme, approver)
+    soon = _accepted_and_due(acme, approver)
+    later = timezone.now() + timedelta(hours=1)
+    Operation.objects.filter(id=soon.id).update(next_reconcile_at=later)  # not due yet
+    monkeypatch.setattr(timezone, "now", lambda: later)
+
+    queue = signed_in(operator).get("/operations/unknown/").content.decode()
+
+    assert 'id="not-run"' in queue and soon.id not in queue
+    assert queue.count(f'<a href="/operations/{op.id}/">') == 1
+    assert "accepted, its next lookup not run</strong>: is the worker / beat running?" in queue
+    assert dashboard_metrics(operator)["stuck_count"] == 1
+    assert dashboard_metrics(other_tenant_user)["stuck_count"] == 0
+    assert op.id not in signed_in(other_tenant_user).get("/operations/unknown/").content.decode()
+
+
+def test_it_lists_an_accepted_payment_whose_lookups_fail_and_no_sweep_runs_once(
+    acme, approver, operator, monkeypatch, settings
+):
+    """Lookups failing for over an hour, and then no sweep: the failing-lookups list shows it,
+    says its next lookup is overdue, and the not-run list and the stuck count leave it to
+    that list rather than show one operation twice."""
+    settings.ACCEPTED_LOOKUP_FAILING_SECONDS = 3600
+    op = _accepted_and_due(acme, approver)
+    Operation.objects.filter(id=op.id).update(
+        lookups_failing_since=timezone.now() - timedelta(hours=2))
+    later = timezone.now() + timedelta(hours=1)
+    monkeypatch.setattr(timezone, "now", lambda: later)
+
+    queue = signed_in(operator).get("/operations/unknown/").content.decode()
+
+    assert 'id="lookup-failing"' in queue and 'id="not-run"' not in queue
+    assert queue.count(f'<a href="/operations/{op.id}/">') == 1
+    failing = queue.split('id="lookup-failing"')[1]
+    assert "<strong>overdue</strong> by" in failing and "no lookup has run since" in failing
+    metrics = dashboard_metrics(operator)
+    assert (metrics["lookup_failing_count"], metrics["stuck_count"]) == (1, 0)

@@ -408,7 +408,7 @@ def lookup_guarded(operation_id: str, read: Callable[[], LookupResult]) -> Looku
         return LookupResult(
             outcome=LookupOutcome.INCONCLUSIVE,
             reason=f"lookup raised {type(exc).__name__}",
-            retry_after=timedelta(seconds=30),
+            retry_after=timedelta(seconds=30), backoff=True,
         )
 
 

@@ -4,7 +4,7 @@ fact the provider reported, or left where it is with the evidence and when to lo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -43,7 +43,7 @@ from operations.providers.base import (
     ProviderAdapter,
     ToolContract,
 )
-from operations.providers.transport import REPLAYED_5XX
+from operations.providers.transport import LOOKUP_RETRY_MAX, REPLAYED_5XX
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,8 @@ def _inconclusive_record(
     calls_before: int, now: datetime,
 ) -> ReconcileReport:
     """Inconclusive (or absent while accepted): stay where we are, with everything found."""
-    retry_at = now + found.retry_after if found.retry_after else None
+    wait = _lookup_retry_wait(op, found, now=now)
+    retry_at = now + wait if wait is not None else None
     # Several objects carry the operation: recorded on it until a lookup finds one, or none,
     # or a person decides, so no provider event or late answer settles it with one of them
     # meanwhile (`provider_report_held`). A lookup that fails later leaves that standing.
@@ -303,8 +304,12 @@ def _inconclusive_record(
         # Aged from the key's first use, as the provider ages it: later calls with the same
         # key do not extend it.
         first_sent = op_snapshot.key_first_sent_at
-        if first_sent is not None and retry_at - first_sent > contract.key_retention:
+        kept_until = first_sent + contract.key_retention if first_sent is not None else None
+        if kept_until is not None and now + found.retry_after > kept_until:
             retry_at = None  # past the key's retention a retry proves nothing: a person
+        elif kept_until is not None:
+            # The backoff never skips the last lookup that can still prove something.
+            retry_at = min(retry_at, kept_until)
     failing: dict[str, Any] = {}
     if op.status == S.ACCEPTED:
         # Looked up again, but a person must see it if this goes on (a wrong API base or
@@ -319,6 +324,28 @@ def _inconclusive_record(
         fields={**incident, **failing} or None,
     )
     return ReconcileReport(op.id, "inconclusive", op.status, found.reason)
+
+
+def _lookup_retry_wait(
+    op: Operation, found: LookupResult, *, now: datetime
+) -> timedelta | None:
+    """How long until a lookup that settled nothing is made again; None: a person decides.
+    After a failure, as long as the lookups have been failing (since the operation became
+    unknown, or since an accepted one's lookups began to fail), so each wait doubles the
+    time failing, from the adapter's own (LOOKUP_RETRY_AFTER, or a provider's longer
+    Retry-After) to at most LOOKUP_RETRY_MAX: an outage costs a few lookups an hour per
+    operation, not two a minute for as long as it lasts. An accepted effect is never looked
+    up more often than while the provider answers (ACCEPTED_RECONCILE_SECONDS)."""
+    if not found.retry_after:
+        return None
+    wait = found.retry_after
+    if found.backoff:
+        since = op.lookups_failing_since if op.status == S.ACCEPTED else op.unknown_since
+        failing = now - since if since is not None else timedelta(0)
+        wait = max(wait, min(failing, LOOKUP_RETRY_MAX))
+    if op.status == S.ACCEPTED:
+        wait = max(wait, timedelta(seconds=settings.ACCEPTED_RECONCILE_SECONDS))
+    return wait
 
 
 def _newest_call(op: Operation) -> dict[str, Any] | None:

@@ -169,6 +169,11 @@ class LookupResult:
     reason: str = ""
     # An inconclusive lookup that may succeed later (search lag, a 5xx): when to try again.
     retry_after: timedelta | None = None
+    # The provider could not be asked, or did not answer what was asked (a 5xx, a rate limit,
+    # a timeout, a page that is not its answer): such a failure may last (an outage, a wrong
+    # API base), so the engine waits longer each time it repeats, from `retry_after` on. A
+    # search's lag ends when it ends: that retry is not stretched.
+    backoff: bool = False
     http_status: int | None = None
     provider_request_id: str = ""
     result: dict[str, Any] = field(default_factory=dict)

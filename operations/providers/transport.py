@@ -8,7 +8,8 @@ import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
@@ -29,7 +30,11 @@ from operations.providers.base import (
 # A 5xx the provider kept for our key and answers again: a call with that key cannot succeed.
 REPLAYED_5XX = "replayed_5xx"
 # A lookup that failed on the wire may well work a little later; a person is not needed yet.
+# The first wait: the engine stretches it while the lookups keep failing (a backoff).
 LOOKUP_RETRY_AFTER = timedelta(seconds=30)
+# The longest wait between failing lookups, and the most of a provider's Retry-After that is
+# honoured: a provider down for hours is asked a few times an hour, not at its word of a day.
+LOOKUP_RETRY_MAX = timedelta(minutes=15)
 # A 2xx whose body is not the provider's answer to the request: a proxy's or maintenance page
 # (HTML, read as {}), a catch-all stub, an API of another shape. It proves nothing either way.
 UNEXPECTED_BODY = "unexpected_body"
@@ -94,6 +99,8 @@ class Answer:
     # The provider answered with what it kept for our Idempotency-Key, not by running the
     # request again (Stripe's `Idempotent-Replayed: true`).
     replayed: bool = False
+    # How long the provider asked us to wait (its Retry-After), at most LOOKUP_RETRY_MAX.
+    retry_after: timedelta | None = None
 
     @property
     def ok(self) -> bool:
@@ -195,7 +202,23 @@ def send(
     return Answer(
         response.status_code, body, response.headers.get("Request-Id", ""),
         replayed=response.headers.get("Idempotent-Replayed", "").lower() == "true",
+        retry_after=retry_after_read(response.headers.get("Retry-After", "")),
     )
+
+
+def retry_after_read(value: str) -> timedelta | None:
+    """A Retry-After header (seconds, or an HTTP date), at most LOOKUP_RETRY_MAX; None when
+    there is none or it is not readable."""
+    value = value.strip()
+    if value.isdigit():
+        return min(timedelta(seconds=min(int(value), 10**9)), LOOKUP_RETRY_MAX)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)  # an HTTP date is always GMT
+    return min(max(when - timezone.now(), timedelta(0)), LOOKUP_RETRY_MAX)
 
 
 def path_segment(value: str) -> str:
@@ -300,7 +323,9 @@ def lookup_failure(answer: Answer, *, method: Any) -> LookupResult:
     return LookupResult(
         outcome=LookupOutcome.INCONCLUSIVE,
         reason=f"lookup failed ({error_class}): {message}",
-        retry_after=LOOKUP_RETRY_AFTER,
+        # A rate limit or maintenance that says how long it lasts is not asked sooner.
+        retry_after=max(LOOKUP_RETRY_AFTER, answer.retry_after or LOOKUP_RETRY_AFTER),
+        backoff=True,
         **lookup_common(answer, method=method),
     )
 
@@ -309,7 +334,7 @@ def unexpected_answer(answer: Answer, *, method: Any, missing: str) -> LookupRes
     """A lookup answered 2xx without what was asked (`missing`): nothing is proven, absence
     least of all; asked again later, the provider itself may answer."""
     return LookupResult(
-        outcome=LookupOutcome.INCONCLUSIVE, retry_after=LOOKUP_RETRY_AFTER,
+        outcome=LookupOutcome.INCONCLUSIVE, retry_after=LOOKUP_RETRY_AFTER, backoff=True,
         reason=f"the provider answered {answer.status} without {missing} (is the API base "
         "right?)",
         **lookup_common(answer, method=method),
@@ -355,7 +380,7 @@ def lookup_by_id(
         # Stripe answers a path it does not know (an API base ending in /v1, a proxy's own
         # page) with a 404 too, with no code: that says nothing of the object.
         return LookupResult(
-            outcome=LookupOutcome.INCONCLUSIVE, retry_after=LOOKUP_RETRY_AFTER,
+            outcome=LookupOutcome.INCONCLUSIVE, retry_after=LOOKUP_RETRY_AFTER, backoff=True,
             reason="the provider answered 404 without saying the object is missing "
             f"(is the API base right?): {answer.error.get('message') or answer.message}",
             **common,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -68,6 +69,20 @@ def providers_drained(providers) -> Iterator[dict[str, str]]:
     yield providers
     wait_for(lambda: not sandbox_requests().filter(response_status__isnull=True).exists(),
              timeout=15, what="every request to end at the sandbox")
+
+
+@pytest.fixture
+def rate_limited(settings) -> Iterator[NotTheProvider]:
+    """Every provider answers every request as Stripe answers a rate limit: 429, with
+    Retry-After 600."""
+    provider = NotTheProvider(
+        json.dumps({"error": {"type": "invalid_request_error", "code": "rate_limit",
+                              "message": "Too many requests hit the API too quickly."}}).encode(),
+        "application/json", status=429, headers={"Retry-After": "600"},
+    )
+    provider.point_adapters_here(settings)
+    yield provider
+    provider.close()
 
 
 @pytest.fixture

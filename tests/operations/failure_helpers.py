@@ -40,7 +40,7 @@ def lose_the_answer(op: Operation) -> Operation:
 
 def lookups_inconclusive(
     monkeypatch, *, reason: str = "lookup failed (http_5xx)",
-    retry_after: timedelta | None = timedelta(seconds=30),
+    retry_after: timedelta | None = timedelta(seconds=30), backoff: bool = False,
 ) -> None:
     """Every payment lookup from now on answers inconclusive (the provider cannot be asked),
     the adapter otherwise the real one."""
@@ -52,6 +52,6 @@ def lookups_inconclusive(
 
         def lookup(self, op_):
             return LookupResult(outcome=LookupOutcome.INCONCLUSIVE, reason=reason,
-                                retry_after=retry_after)
+                                retry_after=retry_after, backoff=backoff)
 
     monkeypatch.setattr(core, "adapter", lambda action: InconclusiveLookup())

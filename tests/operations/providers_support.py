@@ -30,9 +30,13 @@ def payment(amount_minor: int = 12_500, **fields: Any) -> OperationSnapshot:
 
 class NotTheProvider:
     """Something at the provider's address that answers every request 200 without the
-    provider's answer in it: a proxy's or maintenance page, a catch-all stub."""
+    provider's answer in it: a proxy's or maintenance page, a catch-all stub. Or, with
+    `status` and `headers`, the same refusal every time (a rate limit that goes on)."""
 
-    def __init__(self, body: bytes, content_type: str) -> None:
+    def __init__(
+        self, body: bytes, content_type: str, *, status: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.requests: list[tuple[str, str]] = []
         outer = self
 
@@ -40,7 +44,9 @@ class NotTheProvider:
             def _answer(self) -> None:
                 outer.requests.append((self.command, self.path))
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

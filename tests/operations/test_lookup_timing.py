@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 from django.utils import timezone
@@ -437,3 +438,121 @@ def test_it_hands_an_unknown_to_a_person_when_the_next_lookup_would_pass_the_key
     summary = op.evidence.filter(kind="lookup").last().summary
     assert ("waiting for a person" in summary) is not scheduled
     assert op.provider_calls == len(calls)
+
+
+def _accepted_and_due(acme, approver) -> Operation:
+    op = authorized_payment(acme, approver, amount_minor=15_000_000)
+    then = timezone.now() - timedelta(minutes=3)
+    CallAttemptFactory(operation=op, started_at=then, finished_at=then, outcome="accepted")
+    Operation.objects.filter(id=op.id).update(
+        status=S.ACCEPTED, status_changed_at=then, external_id="pi_x", provider_calls=1,
+        next_reconcile_at=timezone.now(),
+    )
+    return op
+
+
+def _looked_up_for(op: Operation, clock: list, *, hours: int) -> list[float]:
+    """The sweep's rounds over `hours` of the clock, each whenever the operation is due: the
+    seconds between its lookups."""
+    looked_at: list = []
+    end = clock[0] + timedelta(hours=hours)
+    while clock[0] < end:
+        assert op.id in engine.operations_claim_due_for_reconcile()
+        looked_at.append(clock[0])
+        engine.operation_reconcile(operation_id=op.id)
+        op.refresh_from_db()
+        assert op.next_reconcile_at is not None, "handed to a person"
+        clock[0] = op.next_reconcile_at
+    assert op.attempts.filter(kind=AttemptKind.LOOKUP).count() == len(looked_at)
+    return [(b - a).total_seconds() for a, b in pairwise(looked_at)]
+
+
+@pytest.mark.django_db
+def test_it_looks_up_an_accepted_payment_no_more_often_while_the_provider_fails(
+    acme, approver, rate_limited, settings
+):
+    """Rate-limited (429, Retry-After 600), an accepted payment was looked up again in 30 s:
+    four times as often as while the provider answered "still processing" (every
+    ACCEPTED_RECONCILE_SECONDS), and ten times as often as the provider asked."""
+    settings.ACCEPTED_RECONCILE_SECONDS = 120
+    op = _accepted_and_due(acme, approver)
+
+    before = timezone.now()
+    engine.operation_reconcile(operation_id=op.id)
+    op.refresh_from_db()
+
+    assert op.status == S.ACCEPTED and rate_limited.requests  # asked, and rate-limited
+    wait = (op.next_reconcile_at - before).total_seconds()
+    assert 600 <= wait < 600 + 5  # as long as the provider asked, and no longer
+
+
+@pytest.mark.django_db
+def test_it_doubles_the_wait_between_an_accepted_payments_failing_lookups_up_to_15_minutes(
+    acme, approver, maintenance_page, settings, monkeypatch
+):
+    """A wrong API base after a deploy fails every lookup, with no Retry-After: the wait
+    starts at the accepted schedule and grows with the time failing, up to 15 minutes, so
+    hours of it cost a few lookups an hour (and a person is shown it after the first)."""
+    settings.ACCEPTED_RECONCILE_SECONDS = 120
+    op = _accepted_and_due(acme, approver)
+    clock = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])
+
+    gaps = _looked_up_for(op, clock, hours=3)
+
+    assert gaps[:6] == [120, 120, 240, 480, 900, 900]
+    assert set(gaps[4:]) == {900} and len(maintenance_page.requests) == len(gaps) + 1
+    assert op.status == S.ACCEPTED and op.provider_calls == 1
+
+
+@pytest.mark.django_db
+def test_it_backs_off_looking_up_an_unknown_deal_while_the_crm_keeps_failing(
+    acme, rate_limited, monkeypatch
+):
+    """A small deal (authorized by policy) whose create's answer was lost, and a CRM that
+    rate-limits every request: it was looked up every 30 s, and with no key retention to end
+    it, for ever. The wait now grows with the time unknown, from the CRM's Retry-After to at
+    most 15 minutes."""
+    op = engine.operation_prepare(
+        tenant=acme, action="crm.create_deal",
+        payload={"name": "Renewal 2027", "amount_minor": 100_000, "currency": "EUR",
+                 "owner": "anna"},
+    )
+    assert op.authorized_hash
+    then = timezone.now() - timedelta(minutes=5)
+    CallAttemptFactory(operation=op, started_at=then, finished_at=then, outcome="unknown",
+                       error_class="timeout")
+    Operation.objects.filter(id=op.id).update(
+        status=S.UNKNOWN, unknown_since=then, status_changed_at=then, error_code="timeout",
+        provider_calls=1, next_reconcile_at=timezone.now(),
+    )
+    clock = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])
+
+    gaps = _looked_up_for(op, clock, hours=1)
+
+    # Unknown for 5 minutes at the first lookup: the CRM's 600 s, then the time unknown.
+    assert gaps == [600, 900, 900, 900][: len(gaps)] and len(gaps) == 4
+    assert op.status == S.UNKNOWN and op.provider_calls == 1
+    assert {method for method, _ in rate_limited.requests} == {"GET"}
+
+
+@pytest.mark.django_db
+def test_it_backs_off_no_further_than_the_last_lookup_the_payments_key_still_allows(
+    acme, approver, monkeypatch
+):
+    """Unknown for 23 hours of failing lookups, the wait is 15 minutes; but the key the lost
+    call went with is kept 10 minutes more, and a lookup after that proves nothing. The
+    backoff does not skip the last lookup that still can: it is not handed to a person
+    sooner than it was before the backoff."""
+    op = authorized_payment(acme, approver)
+    sent = timezone.now() - timedelta(hours=24) + timedelta(minutes=10)
+    CallAttemptFactory(operation=op, started_at=sent, finished_at=sent, outcome="unknown")
+    Operation.objects.filter(id=op.id).update(
+        status=S.UNKNOWN, provider_calls=1, unknown_since=sent + timedelta(minutes=1))
+    lookups_inconclusive(monkeypatch, backoff=True)
+
+    engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert op.status == S.UNKNOWN and op.next_reconcile_at == sent + timedelta(hours=24)

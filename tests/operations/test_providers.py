@@ -23,6 +23,7 @@ from operations.providers.transport import (
     call_failure,
     call_result,
     credentials_marked,
+    retry_after_read,
     send,
 )
 from operations.sandbox.models import Deal, Message, PaymentIntent
@@ -318,6 +319,24 @@ def test_it_tells_a_500_the_provider_kept_for_the_key_from_a_fresh_one(
     assert retry.http_status == 500 and retry.error_message.startswith("replayed for this key")
     assert PaymentIntent.objects.count() == payments_made
     assert sandbox_writes(provider="payments", operation_id=op.id).count() == 2
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    ("120", 120), (" 45 ", 45), ("86400", 900), ("9" * 40, 900), ("", None), ("soon", None),
+    ("-5", None),
+])
+def test_it_reads_a_retry_after_in_seconds_up_to_15_minutes(header, seconds):
+    wait = retry_after_read(header)
+    assert (wait.total_seconds() if wait is not None else None) == seconds
+
+
+def test_it_reads_a_retry_after_given_as_an_http_date(monkeypatch):
+    now = timezone.now().replace(microsecond=0)
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    in_five = (now + timedelta(minutes=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    past = (now - timedelta(minutes=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert retry_after_read(in_five) == timedelta(minutes=5)
+    assert retry_after_read(past) == timedelta(0)
 
 
 def test_it_is_unknown_on_connection_refused(settings):

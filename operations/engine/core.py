@@ -38,6 +38,7 @@ from operations.providers.base import (
     OperationSnapshot,
     ProviderAdapter,
 )
+from operations.providers.transport import REACHED_NO_ACCOUNT
 from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 
@@ -167,7 +168,8 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         calls = list(
             op.attempts.filter(kind=AttemptKind.CALL)
             .order_by("number")
-            .values("started_at", "finished_at", "reach_until", "provider_account")
+            .values("started_at", "finished_at", "reach_until", "provider_account",
+                    "error_class")
         )
     last_call_at = key_first_sent_at = None
     if calls:
@@ -184,7 +186,10 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         external_id=op.external_id,
         key_first_sent_at=key_first_sent_at,
         last_call_at=last_call_at,
-        call_accounts=frozenset(c["provider_account"] for c in calls if c["provider_account"]),
+        call_accounts=frozenset(
+            c["provider_account"] for c in calls
+            if c["provider_account"] and c.get("error_class") not in REACHED_NO_ACCOUNT
+        ),
     )
 
 

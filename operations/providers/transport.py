@@ -272,6 +272,23 @@ def call_result(
     )
 
 
+# A call answered so (refused at the door, or by something that is not the provider's API)
+# reached no provider account where it could act: a later lookup in another account (the key
+# or the base put right) is not asked about it.
+REACHED_NO_ACCOUNT = frozenset({"not_authorized", "http_4xx"})
+
+
+def provider_refusal(answer: Answer) -> bool:
+    """Whether a 4xx is the provider's own refusal: an error body in its shape (Stripe's, which
+    the CRM and mail contracts share: `{"error": {"type", "code", "message"}}`). A 404 needs
+    its code too: the provider answers a path it does not know (an API base ending in /v1)
+    with a 404 naming its type and no code, which refuses no intent."""
+    error = answer.error
+    if not isinstance(error.get("type"), str) or not error["type"]:
+        return False
+    return answer.status != 404 or bool(error.get("code"))
+
+
 def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
     """(outcome, error_class, message) of an answer that is not a 2xx."""
     error = answer.error
@@ -306,8 +323,18 @@ def call_failure(answer: Answer) -> tuple[CallOutcome, str, str]:
         # Stripe: "a failure in a dependency external to Stripe" (a bank, a card network),
         # which says nothing of how far the request got: a lookup finds out.
         return CallOutcome.UNKNOWN, "external_dependency", message
+    if answer.status in (401, 403):
+        # The key was refused, or may not do this: the request got no further than the door.
+        # That says nothing of the intent (a key set wrong, rotated, or restricted), so a
+        # lookup decides, and the limit on automatic calls hands it to a person if it lasts.
+        return CallOutcome.UNKNOWN, "not_authorized", message
     if 400 <= answer.status < 500:
-        return CallOutcome.FAILED, "validation", message
+        if provider_refusal(answer):
+            return CallOutcome.FAILED, "validation", message
+        # Not the provider's word on the intent: whatever answered (a proxy, a path one
+        # segment off) may never have passed the request on. Closed as failed, an approved
+        # intent nobody refused could only be undone by a new intent and a new approval.
+        return CallOutcome.UNKNOWN, "http_4xx", message
     # A redirect or other surprise: we cannot tell what happened.
     return CallOutcome.UNKNOWN, "unexpected_status", message
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from operations import engine
 from operations.models import AttemptKind, Operation, OperationStatus
-from operations.sandbox.models import Deal, PaymentIntent
+from operations.sandbox.models import Deal, Message, PaymentIntent
 from operations.sandbox.selectors import sandbox_counts, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.operations.engine_helpers import async_payment, authorized_payment, died_mid_call
@@ -113,6 +113,62 @@ def test_it_leaves_a_deal_change_answered_200_without_the_deal_unknown(
         "PATCH" if action == "crm.update_deal" else "POST", "GET"]
     deal.refresh_from_db()
     assert (Deal.objects.count(), deal.version, deal.applied_operation_ids) == (1, 1, [])
+
+
+def _authorized(tenant, approver, action: str, payload: dict) -> Operation:
+    op = engine.operation_prepare(tenant=tenant, action=action, payload=payload)
+    if op.requires_approval:
+        engine.operation_authorize(
+            operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+            approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    return op
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("action", ["crm.update_deal", "mail.send"])
+def test_it_does_not_close_an_approved_effect_as_refused_when_the_provider_was_never_reached(
+    acme, approver, providers, settings, action
+):
+    deal = Deal.objects.create(name="Acme renewal", amount_minor=100, currency="EUR",
+                               owner="dana")
+    payload = (
+        {"target": deal.id, "expected_version": 1, "patch": {"stage": "won"}}
+        if action == "crm.update_deal"
+        else {"to": "cfo@acme.test", "template": "invoice_paid", "params": {"invoice": "inv_42"}}
+    )
+    op = _authorized(acme, approver, action, payload)
+    provider = "crm" if action == "crm.update_deal" else "mail"
+    setting = f"{provider.upper()}_API_BASE"
+    right = getattr(settings, setting)
+    # A deploy points the base one segment off (".../v1", as the lookups already allow for):
+    # whatever answers there says 404 with no word from the provider about the deal or the
+    # message. Nothing reached the provider's API.
+    setattr(settings, setting, right + "/v1")
+
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert len(sandbox_writes(provider=provider)) == 0  # the provider's API saw nothing
+    assert sandbox_counts()["messages"] == 0
+    deal.refresh_from_db()
+    assert deal.version == 1
+    # The approved intent was never refused by the provider: it is not closed as failed
+    # ("the provider refused the intent"), which only a new intent and a new approval undo.
+    assert (op.status, op.error_code) == (S.UNKNOWN, "http_4xx"), op.error_message
+
+    # Once the base is put right (another account's fingerprint, but the call before reached
+    # none), the same approved intent is carried out, once.
+    setattr(settings, setting, right)
+    for _ in range(3):
+        engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.status in (S.SUCCEEDED, S.ACCEPTED)
+    assert len(sandbox_writes(provider=provider, operation_id=op.id)) == 1
+    if action == "mail.send":
+        assert Message.objects.count() == 1
+    else:
+        deal.refresh_from_db()
+        assert deal.applied_operation_ids == [op.id]
+    assert op.attempts.filter(kind=AttemptKind.CALL).count() == op.provider_calls
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1149,7 +1149,23 @@ def test_it_marks_the_configured_credentials_in_what_an_answer_or_a_transport_er
         (Answer(429), CallOutcome.UNKNOWN, "rate_limited"),
         (Answer(409), CallOutcome.UNKNOWN, "concurrent_request"),
         (Answer(302), CallOutcome.UNKNOWN, "unexpected_status"),
-        (Answer(422), CallOutcome.FAILED, "validation"),
+        (Answer(422, {"error": {"type": "invalid_request_error", "code": "parameter_invalid"}}),
+         CallOutcome.FAILED, "validation"),
+        # Not the provider's refusal: a 4xx without its error body (a proxy's page), a 404
+        # naming no code (Stripe's own answer to a path it does not know), a refused key.
+        (Answer(422), CallOutcome.UNKNOWN, "http_4xx"),
+        (Answer(404), CallOutcome.UNKNOWN, "http_4xx"),
+        (Answer(404, {"error": {"type": "invalid_request_error",
+                                "message": "Unrecognized request URL (POST: /v1/v1/x)"}}),
+         CallOutcome.UNKNOWN, "http_4xx"),
+        (Answer(404, {"error": {"type": "invalid_request_error", "code": "resource_missing"}}),
+         CallOutcome.FAILED, "validation"),
+        (Answer(401, {"error": {"type": "authentication_error", "code": "invalid_api_key"}}),
+         CallOutcome.UNKNOWN, "not_authorized"),
+        (Answer(403, {"error": {"type": "permission_error"}}),
+         CallOutcome.UNKNOWN, "not_authorized"),
+        (Answer(402, {"error": {"type": "card_error", "code": "card_declined"}}),
+         CallOutcome.FAILED, "validation"),
         # Stripe: a failure "in a dependency external to Stripe", nothing of how far it got.
         (Answer(424), CallOutcome.UNKNOWN, "external_dependency"),
         # Stripe's error type and code outrank the status, as in Stripe's own client: a

@@ -39,6 +39,7 @@ from operations.htmx import (
     unmasked_never_cached,
 )
 from operations.intents import (
+    deal_found_rows,
     intent_diff,
     intent_rows,
     intent_summary,
@@ -108,6 +109,11 @@ def _card(
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "diff": diff,
+        # The intent it replaces met a version conflict: the deal as the CRM then held it,
+        # beside this intent's change, so the approver sees what the change now meets.
+        "deal_found": deal_found_rows(
+            action=op.action, payload=op.payload, result=old.result, unmasked=unmasked
+        ) if old is not None else [],
         "lineage": lineage,
         # The replaced intent's last request: superseded by this one, or rejected or expired
         # before the agent changed the intent (then the approver needs its reason most).

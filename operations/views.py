@@ -32,7 +32,7 @@ from operations.forms import (
     form_problem,
 )
 from operations.htmx import page_render, page_unmasking, unmasked_never_cached
-from operations.intents import intent_rows, intent_summary, words_given_back
+from operations.intents import deal_found_rows, intent_rows, intent_summary, words_given_back
 from operations.models import Operation, OperationStatus
 from operations.providers import adapter_for
 from operations.selectors import (
@@ -240,6 +240,10 @@ def _page_context(request: HttpRequest, op: Operation, *, unmasked: bool, **pane
     return {
         **_panel_context(request, op, **panel),
         "intent": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
+        # A version conflict is for a person to decide on: the deal as the CRM then held it.
+        "deal_found": deal_found_rows(
+            action=op.action, payload=op.payload, result=op.result, unmasked=unmasked
+        ),
         "unmasked": unmasked,
         "lineage": lineage,
         "run_parent_id": run_parent_in_tenant(lineage.run) if lineage.run else None,

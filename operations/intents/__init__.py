@@ -9,8 +9,10 @@ the same, whatever key order or whitespace it arrived with.
 from __future__ import annotations
 
 from operations.intents.display import (
+    DealFoundRow,
     DiffRow,
     IntentRow,
+    deal_found_rows,
     intent_diff,
     intent_rows,
     intent_summary,
@@ -45,10 +47,12 @@ __all__ = [
     "IDENTIFIER",
     "MAX_INTENT_BYTES",
     "SCHEMAS",
+    "DealFoundRow",
     "DiffRow",
     "Field",
     "IntentError",
     "IntentRow",
+    "deal_found_rows",
     "idempotency_key_for",
     "intent_canonical",
     "intent_diff",

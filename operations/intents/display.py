@@ -12,6 +12,7 @@ from django.utils.crypto import salted_hmac
 
 from operations.currencies import currency_exponent, currency_known
 from operations.intents.validation import (
+    DEAL_PATCH_FIELDS,
     EMAIL_ADDRESS,
     NUMBER_SEPARATORS,
     SCHEMAS,
@@ -362,6 +363,46 @@ def intent_summary(*, action: str, payload: Mapping[str, Any], unmasked: bool = 
     if action == Action.MAIL_SEND:
         return f"Email “{p['template']}” to {shown(p['to'], mask_email)}"
     return action
+
+
+@dataclass(frozen=True)
+class DealFoundRow:
+    label: str
+    found: str  # as the CRM held it when the conflict was met
+    change: str  # what the intent sets it to; "" where it leaves the field as it is
+
+
+# A deal's fields as a person reads them: its name, amount and owner as a new deal's intent
+# labels them, and the stage a change may move.
+_DEAL_LABELS = {
+    **{f.name: f.label for f in SCHEMAS[Action.CRM_CREATE_DEAL]}, "stage": "Stage",
+}
+
+
+def deal_found_rows(
+    *, action: str, payload: Mapping[str, Any], result: Mapping[str, Any] | None,
+    unmasked: bool = False,
+) -> list[DealFoundRow]:
+    """The deal as a version conflict recorded it (`result["current"]`), field by field
+    beside what a deal update intent (`payload`) sets, each masked as the intent's change
+    is: what a person decides a new intent on. Empty when no conflict recorded a deal."""
+    found = result.get("current") if isinstance(result, Mapping) else None
+    if action != Action.CRM_UPDATE_DEAL or not isinstance(found, Mapping) or not found:
+        return []
+    patch = payload.get("patch")
+    patch = patch if isinstance(patch, Mapping) else {}
+    masked = not unmasked
+    rows = [DealFoundRow(
+        "Version", _nested(found.get("version", "—"), masked=masked),
+        f"expects {_nested(payload.get('expected_version', '—'), masked=masked)}",
+    )]
+    for name in DEAL_PATCH_FIELDS:
+        rows.append(DealFoundRow(
+            _DEAL_LABELS.get(name, name),
+            _patch_value(found, name, masked=masked) if found.get(name) is not None else "—",
+            _patch_value(patch, name, masked=masked) if name in patch else "",
+        ))
+    return rows
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,21 @@ from operations import engine
 from operations.models import AttemptKind, Operation, OperationStatus
 from operations.sandbox.models import Deal, Message, PaymentIntent
 from operations.sandbox.selectors import sandbox_counts, sandbox_writes
-from operations.sandbox.services import sandbox_fault_set
+from operations.sandbox.services import sandbox_deal_update, sandbox_fault_set
+from tests.helpers import signed_in
 from tests.operations.engine_helpers import async_payment, authorized_payment, died_mid_call
 from tests.operations.failure_helpers import executed_into_a_fault, payment_posts
 
 S = OperationStatus
+
+
+def _authorized(tenant, approver, action: str, payload: dict) -> Operation:
+    op = engine.operation_prepare(tenant=tenant, action=action, payload=payload)
+    if op.requires_approval:
+        engine.operation_authorize(
+            operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+            approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    return op
 
 
 @pytest.mark.django_db(transaction=True)
@@ -85,6 +95,56 @@ def test_it_fails_a_deal_update_on_a_version_conflict_for_a_person_and_never_ret
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_shows_a_person_the_deal_as_it_is_now_when_an_update_meets_a_version_conflict(
+    acme, approver, operator, providers
+):
+    from approvals.models import Approval
+
+    deal = Deal.objects.create(name="Acme renewal", amount_minor=100, currency="EUR",
+                               owner="dana@acme.test")
+    op = _authorized(acme, approver, "crm.update_deal", {
+        "target": deal.id, "expected_version": 1, "patch": {"stage": "won"}})
+    hash_before = op.payload_hash
+    # Someone moves the deal on in the CRM after the agent read it.
+    sandbox_deal_update(deal=deal, expected_version=1, patch={"stage": "churn_review"},
+                        operation_id="")
+
+    engine.operation_execute(operation_id=op.id)
+    engine.operation_execute(operation_id=op.id)  # never retried with fresh data
+
+    op.refresh_from_db()
+    deal.refresh_from_db()
+    assert (op.status, op.error_code) == (S.FAILED, "version_conflict")
+    assert op.payload_hash == hash_before and op.payload["expected_version"] == 1
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == op.provider_calls == 1
+    assert sandbox_counts()["deals"] == 1
+    assert (deal.version, deal.stage, op.id in deal.applied_operation_ids) == (
+        2, "churn_review", False)
+    # The journal keeps the deal as the conflict found it, for the person who decides on a
+    # new intent ...
+    assert op.result["current"]["stage"] == "churn_review"
+    # ... and that person sees it: what the deal now holds beside the change, not only that
+    # its version moved; masked as the intent is.
+    html = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+    assert "The deal as the CRM held it at the version conflict" in html
+    assert "<td>Stage</td><td>churn_review</td><td><ins class=\"new\">won</ins></td>" in html
+    assert "<td>Version</td><td>2</td>" in html
+    assert "d***@acme.test" in html and "dana@acme.test" not in html
+
+    # The approver of the intent that replaces it sees the same, beside its own change.
+    new = engine.operation_prepare(tenant=acme, action="crm.update_deal", supersedes=op,
+                                   payload={"target": deal.id, "expected_version": 2,
+                                            "patch": {"stage": "won"}})
+    card = Approval.objects.get(operation=new)
+    html = signed_in(approver).get(f"/approvals/{card.id}/").content.decode()
+    assert "when the intent it replaces met a version conflict" in html
+    assert "<td>Stage</td><td>churn_review</td><td><ins class=\"new\">won</ins></td>" in html
+    assert "<td>Version</td><td>2</td><td><ins class=\"new\">expects 2</ins></td>" in html
+    assert "dana@acme.test" not in html
+    assert len(sandbox_writes(provider="crm")) == 1
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("action", ["crm.create_deal", "crm.update_deal"])
 def test_it_leaves_a_deal_change_answered_200_without_the_deal_unknown(
     acme, approver, maintenance_page, action
@@ -113,15 +173,6 @@ def test_it_leaves_a_deal_change_answered_200_without_the_deal_unknown(
         "PATCH" if action == "crm.update_deal" else "POST", "GET"]
     deal.refresh_from_db()
     assert (Deal.objects.count(), deal.version, deal.applied_operation_ids) == (1, 1, [])
-
-
-def _authorized(tenant, approver, action: str, payload: dict) -> Operation:
-    op = engine.operation_prepare(tenant=tenant, action=action, payload=payload)
-    if op.requires_approval:
-        engine.operation_authorize(
-            operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
-            approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
-    return op
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,6 +11,7 @@ from django.core.management import CommandError, call_command
 
 from operations.intents import (
     IntentError,
+    deal_found_rows,
     intent_canonical,
     intent_diff,
     intent_rows,
@@ -340,6 +341,31 @@ def test_it_diffs_a_deal_change_and_message_parameters_field_by_field():
         ("Template parameters: amount", "100", "200"),
         ("Template parameters: contact", "A***a", "A***a (changed in the masked part)"),
     ]
+
+
+def test_it_shows_the_deal_a_version_conflict_found_beside_the_change_masked_as_it():
+    update = {"target": "deal_1", "expected_version": 1,
+              "patch": {"stage": "won", "owner": "anna@example.com"}}
+    conflict = {"current_version": 2, "current": {
+        "id": "deal_1", "name": "Renewal for alex@example.com", "amount_minor": 500_000,
+        "currency": "EUR", "owner": "alex@example.com", "stage": "churn_review", "version": 2}}
+    rows = deal_found_rows(action="crm.update_deal", payload=update, result=conflict)
+    assert [(r.label, r.found, r.change) for r in rows] == [
+        ("Version", "2", "expects 1"),
+        ("Deal name", "Renewal for a***@example.com", ""),
+        ("Amount", "5,000.00 EUR", ""),
+        ("Currency", "EUR", ""),
+        ("Owner", "a***@example.com", "a***@example.com"),
+        ("Stage", "churn_review", "won"),
+    ]
+    unmasked = deal_found_rows(action="crm.update_deal", payload=update, result=conflict,
+                               unmasked=True)
+    assert [(r.found, r.change) for r in unmasked if r.label == "Owner"] == [
+        ("alex@example.com", "anna@example.com")]
+    # Nothing to show where no conflict recorded a deal.
+    for action, result in [("crm.update_deal", {"id": "deal_1", "stage": "won"}),
+                           ("crm.update_deal", None), ("payments.create", conflict)]:
+        assert deal_found_rows(action=action, payload=update, result=result) == []
 
 
 @pytest.mark.parametrize(

@@ -90,9 +90,11 @@ def _webhook_operation(*, provider: str, facts: WebhookFacts) -> tuple[Operation
         op = ours.filter(id=facts.operation_id).first()
         if op is not None:
             return op, ""
-    if facts.external_id:
+    if facts.external_id and facts.linked_by_object:
         # An external id is not unique across operations (every update of a CRM deal carries
-        # the deal's id): several matches are for a person, never "pick one".
+        # the deal's id): several matches are for a person, never "pick one". A deal's id is
+        # never enough (`WebhookFacts.linked_by_object`): a change someone made in the CRM
+        # would count as the outcome of the one operation that recorded the deal.
         matches = list(ours.filter(external_id=facts.external_id)[:2])
         if len(matches) == 1:
             return matches[0], ""

@@ -195,6 +195,10 @@ class WebhookFacts:
     status: CallOutcome | None = None
     created_at: datetime | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    # Whether the event's object is one operation's alone, so an event naming no operation
+    # of ours may be linked by it (a payment, a message). A CRM deal is not: its create and
+    # every update of it carry its id, and a change someone made in the CRM is none of them.
+    linked_by_object: bool = True
 
 
 class WebhookSignatureError(Exception):

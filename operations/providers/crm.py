@@ -291,16 +291,19 @@ class CrmWebhookVerifier:
         )
         event = signed_event_parse(body, what="CRM")
         deal = event.object
+        # An update names its own operation; a create carries it on the deal. The deal keeps
+        # it through every later change: read from an update that names none (someone's
+        # edit in the CRM), it would report that edit as an outcome of the deal's create.
+        operation_id = event_operation_id(event.body.get("operation_id"), what="CRM")
+        if not operation_id and event.type != "deal.updated":
+            operation_id = event_operation_id(deal.get("agent_operation_id"), what="CRM")
         return WebhookFacts(
             event_id=event.id,
             event_type=event.type,
-            # An update names its own operation; a create carries it on the deal.
-            operation_id=(
-                event_operation_id(event.body.get("operation_id"), what="CRM")
-                or event_operation_id(deal.get("agent_operation_id"), what="CRM")
-            ),
+            operation_id=operation_id,
             external_id=event.object_id,
             status=EVENT_STATUS.get(event.type),
             created_at=event.created_at,
             data=_deal_facts(deal),
+            linked_by_object=False,
         )

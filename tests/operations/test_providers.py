@@ -1099,6 +1099,30 @@ def test_it_links_a_deal_update_event_to_the_update_not_to_the_deals_create(sett
     assert (facts.operation_id, facts.external_id) == ("op_update", "deal_1")
 
 
+@pytest.mark.parametrize(
+    ("event_type", "operation_id"),
+    [("deal.created", "op_create"), ("deal.deleted", "op_create"), ("deal.updated", "")],
+)
+def test_it_never_links_someones_deal_update_to_the_deals_create(
+    settings, event_type, operation_id
+):
+    # An update that names no operation is someone's edit in the CRM: the deal still carries
+    # the id of the operation that created it, which made none of that edit. Any other
+    # event about the deal (made, deleted) is about what that operation made.
+    body = json.dumps({
+        "id": "evt_6", "type": event_type, "created": 1_700_000_000, "operation_id": "",
+        "data": {"object": {"id": "deal_1", "agent_operation_id": "op_create"}},
+    }).encode()
+    facts = webhook_verifier_for("crm").parse_webhook(
+        headers={"X-CRM-Signature": hmac_signature_header(secret=settings.CRM_WEBHOOK_SECRET,
+                                                          body=body)},
+        body=body,
+    )
+    # Never by the deal's id either, which the create and every update of the deal carry.
+    assert (facts.operation_id, facts.external_id, facts.linked_by_object) == (
+        operation_id, "deal_1", False)
+
+
 def test_it_links_a_mail_event_by_the_operation_its_message_carries(settings):
     body = json.dumps({
         "id": "evt_5", "type": "message.delivered", "created": 1_700_000_000,

@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from operations import engine
 from operations.models import Attempt, Operation, OperationStatus, WebhookEvent
@@ -207,6 +208,57 @@ def test_it_holds_a_deal_event_while_the_lookup_left_several_deals_to_a_person(
     engine.operation_dispute(operation_id=op.id, actor=operator,
                              reason="two deals for one renewal: sales merges them")
     assert not webhooks_held_for_review(operation=op).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("action", ["crm.create_deal", "crm.update_deal"])
+def test_it_never_holds_someone_elses_deal_change_against_the_operation_that_made_the_deal(
+    acme, approver, operator, providers, live_server, action
+):
+    from operations.sandbox.delivery import sandbox_webhooks_deliver
+    from operations.sandbox.models import Deal
+    from operations.sandbox.selectors import sandbox_counts, sandbox_writes
+    from operations.sandbox.services import sandbox_deal_update
+    from operations.selectors import webhooks_held_for_review
+
+    if action == "crm.create_deal":
+        payload = {"name": "Renewal", "amount_minor": 100000, "currency": "EUR",
+                   "owner": "dana"}
+    else:
+        # A deal made outside the console: the one operation recording it is this update.
+        made = Deal.objects.create(name="Renewal", amount_minor=100000, currency="EUR",
+                                   owner="dana")
+        payload = {"target": made.id, "expected_version": 1, "patch": {"stage": "won"}}
+    op = engine.operation_prepare(tenant=acme, action=action, payload=payload)
+    if op.requires_approval:
+        engine.operation_authorize(
+            operation_id=op.id, approved_hash=op.payload_hash, policy_version=op.policy_version,
+            approved_by=approver, expires_at=timezone.now() + timedelta(minutes=30))
+    engine.operation_execute(operation_id=op.id)
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1  # this op's event
+    op.refresh_from_db()
+    deal = Deal.objects.get()
+    assert (op.status, op.external_id) == (S.SUCCEEDED, deal.id)
+    # An operator puts the effect on hold while sales checks it ...
+    engine.operation_dispute(operation_id=op.id, actor=operator, reason="sales double-checks")
+    # ... and sales, in the CRM itself, moves the deal on: a change no operation of ours made.
+    sandbox_deal_update(deal=deal, expected_version=deal.version, patch={"stage": "lost"},
+                        operation_id="")
+    assert sandbox_webhooks_deliver(target_base_url=live_server.url) == 1  # deal.updated
+
+    assert len(sandbox_writes(provider="crm", operation_id=op.id)) == op.provider_calls == 1
+    assert sandbox_counts()["deals"] == 1
+    # The event reports someone else's edit, not an outcome of the operation that made or
+    # changed the deal: never put before the operators as "the provider reports succeeded"
+    # against it, but stored unlinked.
+    edit = WebhookEvent.objects.order_by("id").last()
+    assert not webhooks_held_for_review(operation=op).exists(), edit.outcome
+    assert (edit.event_type, edit.operation_id, edit.applied, edit.needs_review) == (
+        "deal.updated", None, False, False)
+    op.refresh_from_db()
+    assert op.status == S.DISPUTED
+    html = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert "Held for review" not in html
 
 
 @pytest.mark.django_db(transaction=True)

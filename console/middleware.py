@@ -8,7 +8,30 @@ from django.contrib.auth import middleware as auth_middleware
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpResponse
 from django.shortcuts import render, resolve_url
+from django.urls import Resolver404, resolve, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+
+# The POST-only action URLs, and the page of what each acts on. Without JavaScript a refused
+# form is rendered again at its action's URL, so the address bar, and the Referer of the
+# next request sent from that page, name a URL whose GET is a blank 405.
+ACTION_PAGES = {
+    "operations:reconcile": "operations:detail",
+    "operations:resolve": "operations:detail",
+    "operations:dispute": "operations:detail",
+    "approvals:approve": "approvals:detail",
+    "approvals:reject": "approvals:detail",
+}
+
+
+def action_page(url: str) -> str | None:
+    """The operation's or approval's page when `url` is one of its actions' URLs, to send
+    a person back to instead; else None."""
+    try:
+        match = resolve(urlsplit(url).path)
+    except Resolver404:
+        return None
+    page = ACTION_PAGES.get(match.view_name)
+    return reverse(page, kwargs=match.kwargs) if page else None
 
 
 class LoginRequiredMiddleware(auth_middleware.LoginRequiredMiddleware):
@@ -28,7 +51,7 @@ class LoginRequiredMiddleware(auth_middleware.LoginRequiredMiddleware):
             page, allowed_hosts={request.get_host()}, require_https=request.is_secure()
         ):
             parts = urlsplit(page)
-            here = parts.path + (f"?{parts.query}" if parts.query else "")
+            here = action_page(page) or parts.path + (f"?{parts.query}" if parts.query else "")
         login = redirect_to_login(
             here, resolve_url(self.get_login_url(view_func)),
             self.get_redirect_field_name(view_func),

@@ -26,6 +26,7 @@ from django.views.decorators.http import require_GET, require_safe
 from approvals.selectors import approvals_waiting
 from console.celery import broker_connection_check
 from console.forms import AuditFilterForm
+from console.middleware import action_page
 from operations.htmx import page_render
 from operations.intents import mask_person_text, payload_hashes_fingerprinted
 from operations.selectors import (
@@ -143,6 +144,8 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
         back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
         back = ""
+    # A refused form is rendered at its action's URL, whose GET would be a blank 405.
+    back = back and (action_page(back) or back)
     return render(request, "csrf_failure.html", {"back": back}, status=403)
 
 

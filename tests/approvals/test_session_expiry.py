@@ -9,6 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import Approval, ApprovalStatus
+from tests.helpers import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -64,4 +65,25 @@ def test_it_returns_a_plain_approve_without_a_session_to_its_page_not_to_a_405(
     next_url = response["Location"].split("next=", 1)[1].removesuffix("&not_done=1")
     back = client.get(unquote(next_url))
     assert back.status_code == 200, back.status_code  # not 405 on the POST-only URL
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+
+
+def test_it_returns_a_signed_out_resubmit_of_a_refused_rejection_to_a_page(
+    acme, approver, prepare_payment
+):
+    """Without JavaScript a refused rejection comes back rendered at /reject; the session
+    then ends before the approver sends it again."""
+    approval = prepare_payment(acme)
+    reject = reverse("approvals:reject", args=[approval.id])
+    # A reason of blanks passes the browser's `required`; the card comes back to correct.
+    refused = signed_in(approver).post(reject, {"reason": "   ", "next": "/approvals/"})
+    assert refused.status_code == 400
+    anonymous = Client()  # the session ends before the corrected form is sent
+    answer = anonymous.post(reject, {"reason": "wrong beneficiary", "next": "/approvals/"},
+                            HTTP_REFERER=f"http://testserver{reject}")
+    assert answer.status_code == 302
+    anonymous.force_login(approver)
+    next_url = unquote(answer["Location"].split("next=", 1)[1].removesuffix("&not_done=1"))
+    back = anonymous.get(next_url)
+    assert back.status_code == 200, (next_url, back.status_code, back.content[:80])
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING

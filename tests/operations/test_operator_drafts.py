@@ -4,6 +4,7 @@ operator typed: a refused action, or a session that ended elsewhere, leaves the 
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 import pytest
 from django.test import Client
@@ -75,3 +76,53 @@ def test_it_keeps_the_typed_resolution_when_the_engine_refuses_it_without_javasc
     html = response.content.decode()
     assert evidence in html and "treasury checked" in html
     assert "Resolve refused" in html
+
+
+def _next_of(location: str) -> str:
+    assert location.startswith("/login/?next="), location
+    return unquote(location.split("next=", 1)[1].removesuffix("&not_done=1"))
+
+
+def test_it_returns_a_signed_out_resubmit_of_a_refused_form_to_the_operation_page(
+    acme_unknown, operator
+):
+    op = acme_unknown
+    resolve = reverse("operations:resolve", args=[op.id])
+    # Without JavaScript: the reason left out, the form comes back to correct, rendered at
+    # the action's own URL (the address bar now shows /resolve).
+    refused = signed_in(operator).post(resolve, {
+        "resolve-outcome": "failed",
+        "resolve-evidence": "no debit on the statement of 2 December",
+        "resolve-provider_reference": "", "resolve-reason": "",
+    })
+    assert refused.status_code == 400
+    # The session ends (signed out in another tab) while the operator checks the bank; they
+    # add the reason and send the form again from that page.
+    anonymous = Client()
+    answer = anonymous.post(resolve, {
+        "resolve-outcome": "failed",
+        "resolve-evidence": "no debit on the statement of 2 December",
+        "resolve-provider_reference": "", "resolve-reason": "treasury checked",
+    }, HTTP_REFERER=f"http://testserver{resolve}")
+    assert answer.status_code == 302
+    anonymous.force_login(operator)  # signs in again
+    back = anonymous.get(_next_of(answer["Location"]))
+    # Back to a page, as for any other signed-out action: not a GET of the POST-only URL,
+    # which answers 405 with an empty body.
+    assert back.status_code == 200, (back.status_code, back.content[:80])
+    op.refresh_from_db()
+    assert op.status == OperationStatus.UNKNOWN
+
+
+def test_it_sends_a_stale_pages_back_link_from_a_refused_form_to_a_page(acme_unknown, operator):
+    op = acme_unknown
+    dispute = reverse("operations:dispute", args=[op.id])
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    # The form came back at /dispute; the person then signed in again in another tab, so
+    # this page's token is stale, and the refusal offers the way "back to the page you were on".
+    answer = client.post(dispute, {"dispute-reason": "beneficiary says it never came"},
+                         HTTP_REFERER=f"http://testserver{dispute}")
+    assert answer.status_code == 403
+    back = answer.context["back"] or "/"
+    assert client.get(back).status_code == 200, back

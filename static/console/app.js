@@ -13,11 +13,16 @@ document.addEventListener("htmx:confirm", (event) => {
   }
 });
 
-// A page's own refresh (data-poll) says so: once the session has ended, the server answers it
-// in place instead of sending the whole page to sign in, which would drop what was typed.
-// Only the polling element's own requests: the links and forms inside it are the person's.
+// A page's own refresh (data-poll: a poll, or the approval counts following a decision) says
+// so: once the session has ended, the server answers it in place instead of sending the whole
+// page to sign in, which would drop what was typed. Only the polling element's own requests:
+// the links and forms inside it are the person's.
+function isOwnRefresh(event) {
+  return event.detail.elt.hasAttribute("data-poll");
+}
+
 document.addEventListener("htmx:configRequest", (event) => {
-  if (event.detail.elt.hasAttribute("data-poll")) {
+  if (isOwnRefresh(event)) {
     event.detail.headers["X-Console-Poll"] = "true";
   }
 });
@@ -75,12 +80,13 @@ document.addEventListener("htmx:afterSettle", (event) => {
   spot.focus();
 });
 
-// An action the server refused before doing anything (403: a role taken away, or a page
+// A request the server refused before doing anything (403: a role taken away, or a page
 // loaded before the person signed in again, here or in another tab; 404) or that failed
-// (5xx, no answer) is not swapped by htmx: the button would seem to do nothing at all, and
-// the approver could not tell whether the payment was approved. Say it in words where they
-// clicked, with the server's own words when its page carries them ([data-refusal]). Polls
-// (GET) stay quiet: the next one tries again.
+// (5xx, no answer) is not swapped by htmx: the button, or the Older / Next page link or the
+// filter, would seem to do nothing at all, and the approver could not tell whether the
+// payment was approved. Say it in words where they clicked, with the server's own words when
+// its page carries them ([data-refusal]). A page's own refresh stays quiet: the next one
+// tries again.
 function showRequestProblem(event, text) {
   const elt = event.detail.elt;
   const target = event.detail.target;
@@ -98,26 +104,36 @@ function showRequestProblem(event, text) {
   problem.focus();
 }
 
-function isAction(event) {
+// A GET changes nothing: the person is told it did not come, not whether something was done.
+function isRead(event) {
   const verb = event.detail.requestConfig && event.detail.requestConfig.verb;
-  return Boolean(verb) && verb.toLowerCase() !== "get";
+  return !verb || verb.toLowerCase() === "get";
 }
 
 document.addEventListener("htmx:responseError", (event) => {
-  if (!isAction(event)) return;
+  if (isOwnRefresh(event)) return;
   const xhr = event.detail.xhr;
   const refusal = new DOMParser()
     .parseFromString(xhr.responseText || "", "text/html")
     .querySelector("[data-refusal]");
   const words = refusal ? refusal.textContent.trim().replace(/\s+/g, " ") : "";
+  const refused = words || `The console refused it (HTTP ${xhr.status}).`;
+  if (isRead(event)) {
+    showRequestProblem(event, xhr.status < 500
+      ? `This did not load. ${refused}`
+      : `The console failed to answer this (HTTP ${xhr.status}). Try again, or reload the page.`);
+    return;
+  }
   showRequestProblem(event, xhr.status < 500
-    ? `Nothing was done. ${words || `The console refused it (HTTP ${xhr.status}).`}`
+    ? `Nothing was done. ${refused}`
     : `The console failed while doing this (HTTP ${xhr.status}). Reload the page to see ` +
       "whether it was done.");
 });
 
 document.addEventListener("htmx:sendError", (event) => {
-  if (!isAction(event)) return;
-  showRequestProblem(event, "No answer from the console: the request may not have " +
-    "arrived, or its answer was lost. Reload the page to see whether it was done.");
+  if (isOwnRefresh(event)) return;
+  showRequestProblem(event, isRead(event)
+    ? "No answer from the console. Try again, or reload the page."
+    : "No answer from the console: the request may not have arrived, or its answer was " +
+      "lost. Reload the page to see whether it was done.");
 });

@@ -3,13 +3,17 @@ operation's page, and a resolution the provider confirms, answered in place by h
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
+from console.roles import role_revoke
 from operations.models import AuditEvent, Evidence, EvidenceKind
 from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_requests, sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
+from operations.services import audit_event_record
 from tests.helpers import browser_sign_in
 from tests.operations.operator_helpers import payment_at_provider
 
@@ -186,3 +190,25 @@ def test_it_keeps_the_page_and_its_draft_when_the_operator_signs_out_in_another_
     expect(page.locator("#session-notice a")).to_have_attribute(
         "href", f"/login/?next=/operations/{op.id}/"
     )
+
+
+def test_it_says_in_place_why_older_events_did_not_come(
+    live_server, transactional_db, acme, auditor, page
+):
+    """A person's own click that htmx answers with a GET (Older events, Older operations, a
+    filter): when the console refuses it, the person is told, as for an action."""
+    for n in range(55):
+        audit_event_record(actor=None, action="tenant.update", tenant=acme,
+                           object_type="tenant", object_id=acme.slug, reason=f"change {n}")
+    browser_sign_in(page, live_server, "auditor")
+    page.goto(f"{live_server.url}/audit/")
+    older = page.get_by_role("link", name="Older events")
+    expect(older).to_be_visible()
+    # An admin takes the auditor role away while the page is open.
+    role_revoke(user=auditor, role="Auditor", tenant=acme)
+    with page.expect_response(lambda r: "before=" in r.url) as answer:
+        older.click()
+    assert answer.value.status == 403
+    # The click must not seem to do nothing: the refusal's words reach the person.
+    expect(page.locator("main")).to_contain_text(
+        re.compile(r"Not permitted|needs more than your roles|refused", re.I), timeout=5_000)

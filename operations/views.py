@@ -142,6 +142,7 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "operating": operating,
         "may_operate": bool(operating & listed),
         "may_resolve_lookup_failing": any(op.tenant_id in operating for op, _ in lookup_failing),
+        "may_reconcile_stuck": any(op.tenant_id in operating for op, _ in stuck),
         "checks_overdue_before": checks_overdue_before(),
         # Nothing waits "for a person" is no claim to make to someone who sees no tenant.
         "sees_a_tenant": tenants_for_user(request.user).exists(),

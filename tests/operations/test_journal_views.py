@@ -794,6 +794,59 @@ def test_it_tells_to_reconcile_only_those_who_may_operate_the_operations_tenant(
     assert "resolves the operation with its reference" not in queue  # acme's alone
 
 
+def _stuck(tenant) -> Operation:
+    op = prepared_payment(tenant, invoice_id="inv_stuck")
+    Operation.objects.filter(id=op.id).update(
+        status="in_progress", lease_owner="worker-gone",
+        lease_expires_at=timezone.now() - timedelta(minutes=10),
+        status_changed_at=timezone.now() - timedelta(minutes=11),
+    )
+    return op
+
+
+@pytest.mark.django_db
+def test_it_tells_only_those_who_may_operate_to_reconcile_stuck_operations_by_hand(
+    acme, operator, auditor
+):
+    op = _stuck(acme)
+    operating = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert op.id in operating and "reconcile them by hand" in operating
+    assert "settles this" not in _queue_row(operating, op)
+    auditing = signed_in(auditor).get("/operations/unknown/")
+    html = auditing.content.decode()
+    assert op.id in html
+    # The auditor's page offers no Reconcile now, and the server refuses them one (403).
+    assert "Reconcile now</button>" not in signed_in(auditor).get(
+        f"/operations/{op.id}/").content.decode()
+    assert signed_in(auditor).post(f"/operations/{op.id}/reconcile",
+                                   {"reconcile-reason": "beat is down"}).status_code == 403
+    # So the queue must not tell them to do it, as its other sections no longer do.
+    assert "reconcile them by hand" not in html
+    assert "an operator on Acme Corp settles this" in _queue_row(html, op)
+
+
+@pytest.mark.django_db
+def test_it_tells_only_those_who_may_operate_to_dispute_and_resolve_a_held_report(
+    acme, operator, auditor
+):
+    from operations.models import WebhookEvent
+
+    op = prepared_payment(acme, invoice_id="inv_held")
+    Operation.objects.filter(id=op.id).update(status="succeeded", provider_calls=1,
+                                              external_id="pi_ours")
+    WebhookEvent.objects.create(
+        provider="payments", event_id="evt_second", event_type="payment_intent.succeeded",
+        operation=op, external_id="pi_second", needs_review=True, received_at=timezone.now())
+    operating = signed_in(operator).get(f"/operations/{op.id}/").content.decode()
+    assert "Mark disputed</button>" in operating
+    assert "mark the operation disputed and resolve it" in operating
+    auditing = signed_in(auditor).get(f"/operations/{op.id}/").content.decode()
+    assert "The provider disagrees with the journal" in auditing
+    assert "Mark disputed</button>" not in auditing  # not theirs to do (403 if they tried)
+    assert "mark the operation disputed and resolve it" not in auditing
+    assert "An operator on Acme Corp checks at the provider and settles this" in auditing
+
+
 @pytest.mark.django_db
 def test_it_puts_the_status_beside_the_id_in_the_journal_and_a_runs_effects(acme, operator):
     from operations.models import Run

@@ -70,6 +70,18 @@ def test_it_refuses_a_post_without_a_csrf_token(approver):
 
 
 @pytest.mark.django_db
+def test_it_never_tells_a_person_who_signed_out_that_signing_out_was_not_done(acme, operator):
+    client = Client()  # the session is gone; the page with its Sign out button is still open
+    answer = client.post("/logout/", HTTP_REFERER="http://testserver/operations/", follow=True)
+    html = answer.content.decode()
+    assert answer.status_code == 200
+    # They are signed out, as they asked: being told it was "not done" and to sign in and
+    # "do it again" sends them to sign in only to sign out.
+    assert "what you just sent was not done" not in html, answer.redirect_chain
+    assert answer.redirect_chain == [("/login/", 302)]
+
+
+@pytest.mark.django_db
 def test_it_points_the_username_field_at_a_refused_sign_in(approver):
     html = Client().post("/login/", {"username": "approver", "password": "wrong"}).content.decode()
     assert '<p class="error" id="login-error">' in html

@@ -6,7 +6,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from operations.engine.core import call_reach_until, lease_duration
+from operations.engine.core import adapter, call_reach_until, lease_duration
 from operations.models import Attempt, AttemptKind, Checkpoint, Run, RunMode, Tenant
 
 PASSWORD = "correct horse battery staple"
@@ -51,6 +51,7 @@ class CallAttemptFactory(factory.django.DjangoModelFactory):
     kind = AttemptKind.CALL
     worker = "w"
     idempotency_key = factory.LazyAttribute(lambda o: o.operation.idempotency_key)
+    provider_account = factory.LazyAttribute(lambda o: adapter(o.operation.action).account())
     started_at = factory.LazyFunction(timezone.now)
     reach_until = factory.LazyAttribute(
         lambda o: call_reach_until(o.started_at + lease_duration())

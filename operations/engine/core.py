@@ -156,6 +156,12 @@ def adapter(action: str) -> ProviderAdapter:
     return adapter_for(action)
 
 
+# Where a call recorded before 0014 went: 0014 kept no account for it, and the key may have
+# changed since (test mode to live mode), so no account's silence proves it absent. Calls
+# made since always record theirs.
+UNRECORDED_ACCOUNT = "(not recorded: a call made before accounts were kept)"
+
+
 def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSnapshot:
     """`last_call`: the call attempt execute has just created, with `op` as read before its
     claim. When that is the operation's first call, no call needs reading back."""
@@ -187,8 +193,8 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         key_first_sent_at=key_first_sent_at,
         last_call_at=last_call_at,
         call_accounts=frozenset(
-            c["provider_account"] for c in calls
-            if c["provider_account"] and c.get("error_class") not in REACHED_NO_ACCOUNT
+            c["provider_account"] or UNRECORDED_ACCOUNT for c in calls
+            if c.get("error_class") not in REACHED_NO_ACCOUNT
         ),
     )
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from ulid import ULID
 
 from operations.engine import operation_authorize, operation_execute, operation_prepare
-from operations.engine.core import call_reach_until
+from operations.engine.core import adapter, call_reach_until
 from operations.intents import IntentError
 from operations.models import Attempt, AttemptKind, Operation, OperationStatus
 
@@ -101,7 +101,8 @@ def died_mid_call(op: Operation, *, claimed, timeout: float | None = None) -> Op
     )
     Attempt.objects.create(operation=op, number=1, kind=AttemptKind.CALL, worker="dead:1",
                            idempotency_key=op.idempotency_key, started_at=claimed,
-                           reach_until=reach_until)
+                           reach_until=reach_until,
+                           provider_account=adapter(op.action).account())
     op.refresh_from_db()
     return op
 

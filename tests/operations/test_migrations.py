@@ -122,3 +122,52 @@ def test_it_lets_a_run_without_a_conversation_from_before_0027_change_its_status
     with pytest.raises(IntegrityError, match="run_conversation_named"), transaction.atomic():
         RunFactory(tenant=acme, conversation_id=" ")
     assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_proves_no_call_of_the_previous_release_absent_in_another_provider_account(
+    acme, approver, sandbox, settings
+):
+    """0014 leaves the calls made before it with no provider account: after the API key
+    switches (test mode to live mode), an empty search in the new account says nothing of
+    them (README: "Changing a key or a base while operations are unknown leaves those to a
+    person"), or the next execute pays again under a key live mode never saw."""
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from operations import engine
+    from operations.engine.core import adapter
+    from operations.models import OperationStatus as S
+
+    op = authorized_payment(acme, approver)
+    test_mode = adapter(op.action).account()
+    sent = timezone.now() - timedelta(minutes=10)
+    with migrated_back_to([("operations", "0013_auditevent_object_id_length")]) as forward:
+        # The previous release called in test mode; its worker died before the answer.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO operations_attempt (operation_id, number, kind, worker, "
+                "started_at, outcome, provider_request_id, external_id, idempotency_key, "
+                "request_hash, error_class, error_message) VALUES (%s, 1, 'call', 'w1:7', "
+                "%s, 'started', '', '', %s, '', '', '')",
+                [op.id, sent, op.idempotency_key],
+            )
+        Operation.objects.filter(id=op.id).update(
+            status="unknown", unknown_since=sent + timedelta(seconds=31),
+            status_changed_at=sent + timedelta(seconds=31), provider_calls=1)
+        forward([("operations", "0014_attempt_provider_account")])
+
+    # After the upgrade the deployment moves to live mode: another account, which has never
+    # seen this operation's key (the sandbox stands in for both, and holds no payment).
+    settings.PAYMENTS_API_KEY = "sk_live_another_account"
+    assert adapter(op.action).account() != test_mode
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert (report.outcome, report.may_call_again) != ("absent", True), report.detail
+    assert op.status == S.UNKNOWN, (
+        f"{op.status}: an empty search in live mode taken as proof that test mode has no "
+        "payment; the next execute pays again under a key live mode never saw")

@@ -1,4 +1,3 @@
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 
@@ -10,9 +9,25 @@ class Migration(migrations.Migration):
         ("operations", "0023_operation_tenant_status_index"),
     ]
 
+    # Once AddIndexConcurrently: re-runnable after an interrupted build, as 0023 (which says
+    # why, and why editing it changes no deployment).
     operations = [
-        AddIndexConcurrently(
-            model_name="auditevent",
-            index=models.Index(fields=["tenant", "action"], name="audit_tenant_action"),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunSQL(
+                    sql=[
+                        'DROP INDEX CONCURRENTLY IF EXISTS "audit_tenant_action";',
+                        'CREATE INDEX CONCURRENTLY "audit_tenant_action" ON'
+                        ' "operations_auditevent" ("tenant_id", "action");',
+                    ],
+                    reverse_sql='DROP INDEX CONCURRENTLY IF EXISTS "audit_tenant_action";',
+                ),
+            ],
+            state_operations=[
+                migrations.AddIndex(
+                    model_name="auditevent",
+                    index=models.Index(fields=["tenant", "action"], name="audit_tenant_action"),
+                ),
+            ],
         ),
     ]

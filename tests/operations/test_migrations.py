@@ -171,3 +171,53 @@ def test_it_proves_no_call_of_the_previous_release_absent_in_another_provider_ac
     assert op.status == S.UNKNOWN, (
         f"{op.status}: an empty search in live mode taken as proof that test mode has no "
         "payment; the next execute pays again under a key live mode never saw")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_lets_migrate_run_again_after_a_concurrent_index_build_was_interrupted(acme):
+    """0023, 0024 and 0028 build their indexes CONCURRENTLY, outside a transaction, so that
+    they run beside a live console. Such a build waits for the transactions writing the
+    table; interrupted meanwhile (a deploy tool's statement_timeout, a Ctrl-C on a migrate
+    that seems to hang), PostgreSQL leaves the index behind, INVALID, and the migration is
+    not recorded. The deploying engineer's next `migrate` must finish the job, not stop on
+    "relation already exists"."""
+    from django.db import DatabaseError, connection
+
+    index = "audit_tenant_object_id"
+    with migrated_back_to([("operations", "0027_run_conversation_named")]) as forward:
+        # A worker's transaction that has written an audit row and not yet committed.
+        worker = connection.get_new_connection(connection.get_connection_params())
+        try:
+            worker.execute("BEGIN")
+            worker.execute("LOCK TABLE operations_auditevent IN ROW EXCLUSIVE MODE")
+            with connection.cursor() as cursor:
+                cursor.execute("SET statement_timeout = '1s'")
+            with pytest.raises(DatabaseError, match="statement timeout"):
+                forward([("operations", "0028_auditevent_object_and_actor_indexes")])
+        finally:
+            worker.execute("ROLLBACK")
+            worker.close()
+            with connection.cursor() as cursor:
+                cursor.execute("SET statement_timeout = 0")
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.relname = %s", [index])
+            assert cursor.fetchall() == [(False,)]  # left behind by the interrupted build
+
+        problem = None
+        try:
+            forward([("operations", "0028_auditevent_object_and_actor_indexes")])
+        except DatabaseError as exc:
+            problem = exc
+        finally:
+            if problem is not None:  # leave the database migratable for the tests after
+                with connection.cursor() as cursor:
+                    cursor.execute(f"DROP INDEX IF EXISTS {index}")
+        assert problem is None, f"migrate again after the interruption: {problem}"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.relname = %s", [index])
+            assert cursor.fetchall() == [(True,)]

@@ -221,3 +221,22 @@ def test_it_lets_migrate_run_again_after_a_concurrent_index_build_was_interrupte
                 "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
                 " WHERE c.relname = %s", [index])
             assert cursor.fetchall() == [(True,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_says_why_it_cannot_go_back_over_0013_with_a_long_username_on_the_trail(acme):
+    """Going back over 0013 with a grant to a username longer than 64 characters on the
+    (append-only) trail cannot shrink the column: it says why, not a bare DataError."""
+    from console.roles import role_grant, roles_setup
+    from operations.models import AuditEvent
+    from tests.factories import UserFactory
+
+    roles_setup()
+    user = UserFactory(username="dana.okonkwo-villanueva." + "x" * 50 + "@example.com")
+    role_grant(user=user, role="Approver", tenant=acme)
+    assert AuditEvent.objects.filter(object_id=user.username).exists()
+
+    with pytest.raises(RuntimeError, match="0013"), migrated_back_to(
+        [("operations", "0012_evidence_append_only")]
+    ):
+        pass

@@ -1,10 +1,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -41,6 +39,7 @@ from operations.selectors import (
     answers_held_for_review,
     checks_overdue_before,
     keyset_page,
+    lookups_failing_limit_from,
     operation_for_user,
     operation_lineage,
     operation_superseded_by,
@@ -136,9 +135,7 @@ def operation_unknown(request: HttpRequest) -> HttpResponse:
         "lookup_failing": lookup_failing,
         "lookup_failing_total": in_all(lookup_failing, operations_lookup_failing_count),
         # As a moment, so the page says the limit in words ("1 hour") with timesince.
-        "lookup_failing_limit_from": timezone.now() - timedelta(
-            seconds=settings.ACCEPTED_LOOKUP_FAILING_SECONDS
-        ),
+        "lookup_failing_limit_from": lookups_failing_limit_from(),
         "operating": operating,
         "may_operate": bool(operating & listed),
         "may_resolve_lookup_failing": any(op.tenant_id in operating for op, _ in lookup_failing),

@@ -162,6 +162,15 @@ def adapter(action: str) -> ProviderAdapter:
 UNRECORDED_ACCOUNT = "(not recorded: a call made before accounts were kept)"
 
 
+def call_account(*, provider_account: str, error_class: str) -> str | None:
+    """The provider account a call counts for in the account rule: None for a call that
+    reached none (refused at the door, or answered by something that is not the provider's
+    API), and one recorded before accounts were kept may have gone to any."""
+    if error_class in REACHED_NO_ACCOUNT:
+        return None
+    return provider_account or UNRECORDED_ACCOUNT
+
+
 def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSnapshot:
     """`last_call`: the call attempt execute has just created, with `op` as read before its
     claim. When that is the operation's first call, no call needs reading back."""
@@ -169,7 +178,8 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         # The call just claimed is the first: the key was never sent before it.
         calls = [{"started_at": last_call.started_at, "finished_at": last_call.finished_at,
                   "reach_until": last_call.reach_until,
-                  "provider_account": last_call.provider_account}]
+                  "provider_account": last_call.provider_account,
+                  "error_class": last_call.error_class}]
     else:
         calls = list(
             op.attempts.filter(kind=AttemptKind.CALL)
@@ -193,8 +203,9 @@ def snapshot(op: Operation, *, last_call: Attempt | None = None) -> OperationSna
         key_first_sent_at=key_first_sent_at,
         last_call_at=last_call_at,
         call_accounts=frozenset(
-            c["provider_account"] or UNRECORDED_ACCOUNT for c in calls
-            if c.get("error_class") not in REACHED_NO_ACCOUNT
+            account for c in calls
+            if (account := call_account(provider_account=c["provider_account"],
+                                        error_class=c["error_class"]))
         ),
     )
 

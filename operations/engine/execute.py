@@ -306,13 +306,11 @@ def _left_to_a_person(op: Operation, *, code: str, why: str, data: dict[str, Any
 def _accounts_called_besides(op: Operation, account: str) -> list[str]:
     """The provider accounts this operation's calls went to other than `account` (not the
     calls that reached none; a call recorded before accounts were kept may have gone to any)."""
-    return sorted({
-        called or core.UNRECORDED_ACCOUNT
-        for called in Attempt.objects.filter(operation_id=op.id, kind=AttemptKind.CALL)
-        .exclude(provider_account=account)
-        .exclude(error_class__in=core.REACHED_NO_ACCOUNT)
-        .values_list("provider_account", flat=True)
-    })
+    calls = Attempt.objects.filter(operation_id=op.id, kind=AttemptKind.CALL).values_list(
+        "provider_account", "error_class")
+    called = {core.call_account(provider_account=provider_account, error_class=error_class)
+              for provider_account, error_class in calls}
+    return sorted(called - {None, account})
 
 
 def _records_no_other_object(external_id: str) -> Q:

@@ -106,8 +106,6 @@ def dashboard_metrics(user) -> dict:
         ).count() + ops.filter(not_run()).count(),
         # Accepted, and the provider has not answered a lookup for long (a range of the
         # partial index on lookups_failing_since): listed in the operators' queue.
-        "lookup_failing_count": ops.filter(
-            status=OperationStatus.ACCEPTED, **lookups_failing_too_long()
-        ).count(),
+        "lookup_failing_count": ops.filter(lookups_failing_too_long()).count(),
         "window": METRICS_WINDOW,
     }

@@ -46,15 +46,20 @@ def operations_lookup_failing_queue(user, *, limit: int = 100):
     sweep keeps looking them up, and a person looks at the provider meanwhile. Failing
     longest first."""
     return _operations_waiting(
-        user, status=OperationStatus.ACCEPTED, order=("lookups_failing_since", "id"),
-        limit=limit, **lookups_failing_too_long(),
+        user, lookups_failing_too_long(), order=("lookups_failing_since", "id"), limit=limit
     )
 
 
-def lookups_failing_too_long() -> dict[str, Any]:
+def lookups_failing_limit_from() -> datetime:
+    """Lookups failing since before this have failed past ACCEPTED_LOOKUP_FAILING_SECONDS."""
+    return timezone.now() - timedelta(seconds=settings.ACCEPTED_LOOKUP_FAILING_SECONDS)
+
+
+def lookups_failing_too_long() -> Q:
     """The condition on an accepted operation whose lookups have failed past the limit."""
-    limit = timedelta(seconds=settings.ACCEPTED_LOOKUP_FAILING_SECONDS)
-    return {"lookups_failing_since__lte": timezone.now() - limit}
+    return Q(
+        status=OperationStatus.ACCEPTED, lookups_failing_since__lte=lookups_failing_limit_from()
+    )
 
 
 def operations_not_run_queue(user, *, limit: int = 100):
@@ -79,7 +84,7 @@ def not_run() -> Q:
     return Q(
         status__in=[OperationStatus.NOT_STARTED, OperationStatus.ACCEPTED],
         next_reconcile_at__lte=checks_overdue_before(),
-    ) & ~Q(**lookups_failing_too_long())
+    ) & ~lookups_failing_too_long()
 
 
 def _lease_ran_out() -> dict[str, Any]:
@@ -171,11 +176,7 @@ def operations_not_run_count(user) -> int:
 
 
 def operations_lookup_failing_count(user) -> int:
-    return (
-        operations_for_user(user)
-        .filter(status=OperationStatus.ACCEPTED, **lookups_failing_too_long())
-        .count()
-    )
+    return operations_for_user(user).filter(lookups_failing_too_long()).count()
 
 
 def webhooks_for_review_count(user) -> int:

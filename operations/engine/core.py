@@ -38,7 +38,7 @@ from operations.providers.base import (
     OperationSnapshot,
     ProviderAdapter,
 )
-from operations.providers.transport import REACHED_NO_ACCOUNT
+from operations.providers.transport import LOOKUP_RETRY_AFTER, REACHED_NO_ACCOUNT
 from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 
@@ -430,7 +430,7 @@ def lookup_guarded(operation_id: str, read: Callable[[], LookupResult]) -> Looku
         return LookupResult(
             outcome=LookupOutcome.INCONCLUSIVE,
             reason=f"lookup raised {type(exc).__name__}",
-            retry_after=timedelta(seconds=30), backoff=True,
+            retry_after=LOOKUP_RETRY_AFTER, backoff=True,
         )
 
 

@@ -17,6 +17,7 @@ import pytest
 from django.utils import timezone
 
 from operations import engine
+from operations.engine import core
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -64,6 +65,35 @@ def test_it_stays_unknown_with_zero_calls_when_the_lookup_fails(acme, approver, 
     assert PaymentIntent.objects.count() == 1
     assert op.attempts.filter(kind=AttemptKind.LOOKUP, outcome="inconclusive").count() == 2
     assert op.provider_calls == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_stays_unknown_with_zero_calls_when_the_adapters_lookup_raises(
+    acme, approver, providers, monkeypatch
+):
+    """An adapter bug in the lookup is an inconclusive answer, looked up again after the
+    provider layer's own wait, never a 500 and never a call."""
+    op = lose_the_answer(authorized_payment(acme, approver))
+    real = core.adapter("payments.create")
+
+    class BrokenLookup:
+        contract = real.contract
+        account = real.account
+
+        def lookup(self, op_):
+            raise KeyError("data")
+
+    monkeypatch.setattr(core, "adapter", lambda action: BrokenLookup())
+    monkeypatch.setattr(core, "LOOKUP_RETRY_AFTER", timedelta(seconds=45))
+    before = timezone.now()
+    report = engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    assert report.outcome == "reconciled" and op.status == S.UNKNOWN
+    assert op.evidence.filter(kind="lookup").last().data["reason"] == "lookup raised KeyError"
+    assert before + timedelta(seconds=45) <= op.next_reconcile_at
+    assert op.next_reconcile_at <= timezone.now() + timedelta(seconds=45)
+    assert len(payment_posts(op)) == 1 and op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -178,19 +178,21 @@ def user_delete(*, user, actor=None, reason: str = "") -> None:
         user.delete()
 
 
-# Whether a person may sign in at all, and whether they may use /admin/.
-ACCESS_FLAGS = ("is_active", "is_staff", "is_superuser")
+# Whether a person may sign in at all, and whether they may use /admin/; and the name the
+# trail knows them by (its events name the user and the actor by username, so a rename
+# unrecorded would cut a person's history in two for an auditor searching it).
+TRAILED_FIELDS = ("is_active", "is_staff", "is_superuser", "username")
 
 
 def user_save(*, user, actor=None) -> None:
-    """Save a person's account as changed in /admin/; a change of its access flags goes on
-    the trail of each tenant they hold a role on (deactivating an approver stops their
-    approvals there as surely as a revoke)."""
+    """Save a person's account as changed in /admin/; a change of its access flags or its
+    username goes on the trail of each tenant they hold a role on (deactivating an approver
+    stops their approvals there as surely as a revoke)."""
     with transaction.atomic():
         _user_lock(user)
-        before = get_user_model().objects.filter(pk=user.pk).values(*ACCESS_FLAGS).get()
+        before = get_user_model().objects.filter(pk=user.pk).values(*TRAILED_FIELDS).get()
         user.save()
-        changed = [flag for flag in ACCESS_FLAGS if before[flag] != getattr(user, flag)]
+        changed = [flag for flag in TRAILED_FIELDS if before[flag] != getattr(user, flag)]
         if changed:
             _user_event_record(
                 user=user, tenants=_tenants_held(user), actor=actor, action="user.update",

@@ -147,3 +147,19 @@ def test_it_audits_an_approver_deactivated_or_made_staff_in_the_admin(
     approver.refresh_from_db()
     assert approver.first_name == "Ann"
     assert AuditEvent.objects.filter(action="user.update").count() == 1
+
+
+@pytest.mark.django_db
+def test_it_audits_an_approver_renamed_in_the_admin_under_both_names(
+    superuser_client, approver, acme
+):
+    page = {"username": "approver-ann", "is_active": "on", "date_joined_0": "2024-01-01",
+            "date_joined_1": "00:00:00"}
+    changed = superuser_client.post(f"/admin/auth/user/{approver.pk}/change/", page)
+    assert changed.status_code == 302
+    approver.refresh_from_db()
+    assert approver.username == "approver-ann"
+    event = AuditEvent.objects.get(tenant=acme, action="user.update")
+    assert (event.object_id, event.actor_username) == ("approver-ann", "root")
+    assert (event.before, event.after) == (
+        {"username": "approver"}, {"username": "approver-ann"})

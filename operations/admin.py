@@ -3,9 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from operations.models import Tenant
+from operations.models import AuditEvent, Tenant
 from operations.services import tenant_create, tenant_update
 
 
@@ -33,4 +34,38 @@ class TenantAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
         # A tenant's journal and audit trail are kept for good.
+        return False
+
+
+@admin.register(AuditEvent)
+class InstallationAuditEventAdmin(admin.ModelAdmin):
+    """The events on no tenant's trail: what was done to the account of a person who holds
+    no role anywhere (a password set, a rename, a deletion). No tenant's auditor is shown
+    them, so the installation's administrator reads them here. Tenants' own trails stay on
+    the audit page, for those granted there: a superuser gets no tenant's data by being one."""
+
+    list_display = ("created_at", "actor_username", "action", "object_type", "object_id",
+                    "reason")
+    list_filter = ("action",)
+    search_fields = ("=object_id", "=actor_username")
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AuditEvent]:
+        return super().get_queryset(request).filter(tenant__isnull=True)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        return super().changelist_view(
+            request, {**(extra_context or {}), "title": "Audit events on no tenant"})
+
+    def has_view_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    # The trail is append-only (a trigger refuses changes); here it is only read.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
         return False

@@ -163,3 +163,36 @@ def test_it_audits_an_approver_renamed_in_the_admin_under_both_names(
     assert (event.object_id, event.actor_username) == ("approver-ann", "root")
     assert (event.before, event.after) == (
         {"username": "approver"}, {"username": "approver-ann"})
+
+
+@pytest.mark.django_db
+def test_it_shows_the_superuser_only_the_events_on_no_tenants_trail(
+    superuser_client, approver, acme, django_user_model
+):
+    loner = UserFactory(username="loner")
+    superuser_client.post(f"/admin/auth/user/{loner.pk}/password/",
+                          {"password1": "Gq7-long-enough-pw", "password2": "Gq7-long-enough-pw",
+                           "usable_password": "true"})
+    superuser_client.post(f"/admin/auth/user/{approver.pk}/password/",
+                          {"password1": "Gq7-long-enough-pw", "password2": "Gq7-long-enough-pw",
+                           "usable_password": "true"})
+    on_no_tenant = AuditEvent.objects.get(tenant=None, action="user.password_set")
+    on_acme = AuditEvent.objects.get(tenant=acme, action="user.password_set")
+    assert (on_no_tenant.object_id, on_acme.object_id) == ("loner", "approver")
+
+    page = superuser_client.get("/admin/operations/auditevent/")
+    assert page.status_code == 200
+    listed = set(page.context["cl"].result_list)
+    assert on_no_tenant in listed and on_acme not in listed
+    assert superuser_client.get(
+        f"/admin/operations/auditevent/{on_acme.pk}/change/").status_code == 302
+    shown = superuser_client.get(f"/admin/operations/auditevent/{on_no_tenant.pk}/change/")
+    assert shown.status_code == 200 and b'name="_save"' not in shown.content
+    assert superuser_client.post(
+        f"/admin/operations/auditevent/{on_no_tenant.pk}/delete/", {"post": "yes"}
+    ).status_code == 403
+    assert AuditEvent.objects.filter(pk=on_no_tenant.pk).exists()
+
+    staff = Client()
+    staff.force_login(django_user_model.objects.create_user("staff", is_staff=True))
+    assert staff.get("/admin/operations/auditevent/").status_code == 403

@@ -86,6 +86,22 @@ def rate_limited(settings) -> Iterator[NotTheProvider]:
 
 
 @pytest.fixture
+def recipient_suppressed(settings) -> Iterator[NotTheProvider]:
+    """Every provider refuses every request with a 400 whose message repeats the recipient,
+    as mail APIs' suppression lists do."""
+    provider = NotTheProvider(
+        json.dumps({"error": {
+            "type": "invalid_request_error", "code": "recipient_suppressed",
+            "message": "Recipient anna.petrova@example.com is on the suppression list",
+        }}).encode(),
+        "application/json", status=400,
+    )
+    provider.point_adapters_here(settings)
+    yield provider
+    provider.close()
+
+
+@pytest.fixture
 def maintenance_page(settings) -> Iterator[NotTheProvider]:
     """Every provider's address answers 200 with an HTML page (read as {}): not the provider."""
     page = NotTheProvider(b"<html><body>Back soon</body></html>", "text/html")

@@ -618,6 +618,24 @@ def test_it_exits_non_zero_when_execute_leaves_the_effect_undone(acme, approver)
     assert op.status == "cancelled" and op.provider_calls == 0
 
 
+@pytest.mark.django_db
+def test_it_masks_a_recipient_the_providers_refusal_repeats(acme, recipient_suppressed):
+    op_id = _run(*prepare_args(
+        {"to": "anna.petrova@example.com", "template": "receipt", "params": {}},
+        action="mail.send",
+    )).strip()
+    printed = io.StringIO()
+    # The operation's page shows the refusal masked; the command line printed it whole into
+    # shells and CI logs.
+    with pytest.raises(CommandError) as refused:
+        call_command("operations", "execute", op_id, stdout=printed)
+    said = str(refused.value) + printed.getvalue()
+    assert Operation.objects.get(id=op_id).status == "failed"
+    assert "anna.petrova@example.com" not in said
+    assert "a***@example.com is on the suppression list" in said
+    assert said.endswith(f"not done; 'operations show {op_id}' says why")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_exits_zero_with_the_outcome_when_execute_carries_the_effect_out(
     acme, approver, providers

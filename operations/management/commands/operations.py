@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
-from operations.intents import IntentError, intent_summary, secret_in_text
+from operations.intents import IntentError, intent_summary, mask_person_text, secret_in_text
 from operations.models import Operation, OperationStatus, Run, Tenant
 from operations.services import audit_actor_from_shell, shell_person
 
@@ -32,8 +32,10 @@ def _printable(text: str) -> str:
 
 
 def _said(report: Any) -> str:
-    """An execute or reconcile report as one line: outcome, status, and why."""
-    detail = f" ({_printable(report.detail)})" if report.detail else ""
+    """An execute or reconcile report as one line: outcome, status, and why. The why may be
+    the provider's refusal, which can repeat a recipient's address or number: masked, as the
+    operation's page shows it."""
+    detail = f" ({_printable(mask_person_text(report.detail))})" if report.detail else ""
     return f"{report.outcome} {report.status}{detail}"
 
 

@@ -374,7 +374,8 @@ def test_it_refuses_a_run_of_another_tenant(acme, globex):
 def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_payment):
     lookup = Attempt.objects.create(
         operation=acme_payment, number=1, kind="lookup", outcome="found", http_status=200,
-        external_id="pi_9", provider_account="acct_1a2b", finished_at=timezone.now())
+        external_id="pi_9", provider_account="acct_1a2b", finished_at=timezone.now(),
+        provider_request_id="req_4kT9", error_class="")
     data = json.loads(_run("show", acme_payment.id, "--json"))
     op = acme_payment
     assert data == {
@@ -386,10 +387,27 @@ def test_it_shows_every_field_of_an_operation_and_its_attempts_as_json(acme_paym
         "provider_calls": 0, "created_at": op.created_at.isoformat(),
         "attempts": [{"number": 1, "kind": "lookup", "outcome": "found", "http_status": 200,
                       "external_id": "pi_9", "provider_account": "acct_1a2b",
+                      "provider_request_id": "req_4kT9", "error_class": "",
                       "started_at": lookup.started_at.isoformat(),
                       "finished_at": lookup.finished_at.isoformat(), "reach_until": None,
                       "held_for_review": False, "review_note": ""}],
     }
+
+
+@pytest.mark.django_db
+def test_it_shows_each_attempts_error_class_and_provider_request_id(acme_payment):
+    # What tells a timeout from a 5xx or an idempotency_error, and what a provider's support
+    # asks for: the attempt has both, and the operation's page shows both.
+    CallAttemptFactory(
+        operation=acme_payment, outcome="unknown", http_status=503,
+        provider_request_id="req_8Hk2LmN0pQ", error_class="http_5xx",
+        error_message="Service Unavailable",
+    )
+    attempt = json.loads(_run("show", acme_payment.id, "--json"))["attempts"][0]
+    assert (attempt["error_class"], attempt["provider_request_id"]) == (
+        "http_5xx", "req_8Hk2LmN0pQ")
+    text = _run("show", acme_payment.id)
+    assert "http=503 error=http_5xx request_id=req_8Hk2LmN0pQ" in text
 
 
 @pytest.mark.django_db

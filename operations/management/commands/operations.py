@@ -114,6 +114,11 @@ def _as_dict(op: Operation) -> dict[str, Any]:
                 "kind": a.kind,
                 "outcome": a.outcome,
                 "http_status": a.http_status,
+                # What tells a timeout from a 5xx or a refusal, and what the provider's
+                # support asks for. The class may be the provider's own code: masked, as the
+                # operation's timeline shows it.
+                "error_class": mask_person_text(a.error_class),
+                "provider_request_id": a.provider_request_id,
                 "external_id": a.external_id,
                 "provider_account": a.provider_account,
                 "started_at": a.started_at.isoformat(),
@@ -280,6 +285,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  attempt {a['number']} {a['kind']} {a['outcome']}"
                 f" http={a['http_status'] or '-'}"
+                f" error={_printable(a['error_class'] or '-')}"
+                f" request_id={_printable(a['provider_request_id'] or '-')}"
                 f" external_id={_printable(a['external_id'] or '-')} at {a['started_at']}"
                 + (f"\n    held for review: {_printable(a['review_note'])}"
                    if a["held_for_review"] else "")

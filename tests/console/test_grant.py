@@ -65,6 +65,26 @@ def test_it_refuses_bad_input_with_a_clear_message(acme, args, message):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        # What Python makes of a byte that is not UTF-8 in argv (surrogateescape).
+        (("dana\udcff", "approver", "acme"), "username"),
+        (("dana", "approver", "acme\udcff"), "tenant"),
+        (("dana", "approver", "acme", "--reason", "on call\udcff"), "reason"),
+        (("--revoke", "dana\udcff", "approver", "acme"), "username"),
+    ],
+)
+def test_it_refuses_an_argument_that_is_not_utf8_with_one_error(acme, args, named):
+    # It reached the database driver and raised there: a traceback.
+    UserFactory(username="dana")
+    with pytest.raises(CommandError) as refused:
+        call_command("grant", *args)
+    assert str(refused.value) == f"{named} is not UTF-8 text"
+    assert not AuditEvent.objects.filter(action__in=["role.grant", "role.revoke"]).exists()
+
+
+@pytest.mark.django_db
 def test_it_revokes_one_role_and_keeps_what_another_role_on_the_tenant_gives(acme, globex):
     call_command("setup_roles")
     user = UserFactory(username="dana")

@@ -4,6 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from console.roles import ReasonRefused, RoleNotHeld, UnknownRole, role_grant, role_revoke
+from operations.management.arguments import text_arguments_check
 from operations.models import Tenant
 from operations.services import audit_actor_from_shell
 
@@ -24,6 +25,9 @@ class Command(BaseCommand):
     def handle(
         self, *args, username: str, role: str, tenant: str, revoke: bool, reason: str, **options
     ):
+        text_arguments_check(
+            {"username": username, "role": role, "tenant": tenant, "reason": reason, **options}
+        )
         try:
             user = get_user_model().objects.get(username=username)
         except get_user_model().DoesNotExist:

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
 from operations.intents import IntentError, intent_summary, mask_person_text, secret_in_text
+from operations.management.arguments import text_arguments_check
 from operations.models import Operation, OperationStatus, Run, Tenant
 from operations.services import audit_actor_from_shell, shell_person
 
@@ -59,17 +60,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise CommandError(f"--payload names the key {_typed(key)} more than once")
         members[key] = value
     return members
-
-
-def _text_arguments_check(options: dict[str, Any]) -> None:
-    """An argument that is not UTF-8 (a stray byte in a pasted id) reached the database
-    driver as a lone surrogate and raised there, a traceback."""
-    for name, value in options.items():
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise CommandError(f"{name.replace('_', ' ')} is not UTF-8 text") from None
 
 
 def _reason(options: dict[str, Any]) -> str:
@@ -201,7 +191,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         handler = getattr(self, f"_{options['subcommand']}")
         try:
-            _text_arguments_check(options)
+            text_arguments_check(options)
             with audit_actor_from_shell():
                 handler(options)
             self.stdout.flush()  # here, not at exit, where a closed pipe cannot be caught

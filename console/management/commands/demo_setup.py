@@ -12,7 +12,7 @@ from operations.engine import operation_prepare
 from operations.ids import new_id
 from operations.intents import intent_canonical
 from operations.models import Checkpoint, Operation, Run, RunStatus
-from operations.services import tenant_create
+from operations.services import audit_actor_from_shell, tenant_create
 
 DEMO_USERS = (
     ("approver", APPROVER, "acme"),
@@ -29,6 +29,12 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         if not settings.DEBUG:
             raise CommandError("demo users are never created when DEBUG is off")
+        # The tenants, grants and intents it makes are on the audit trail under the shell's
+        # user, as grant's and `operations prepare`'s are: not under no one.
+        with audit_actor_from_shell():
+            self._setup()
+
+    def _setup(self) -> None:
         User = get_user_model()
         roles_setup()
         tenants = {

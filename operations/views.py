@@ -38,7 +38,6 @@ from operations.selectors import (
     answers_for_review_for_user,
     answers_held_for_review,
     checks_overdue_before,
-    keyset_page,
     lookups_failing_limit_from,
     operation_for_user,
     operation_lineage,
@@ -46,7 +45,7 @@ from operations.selectors import (
     operation_timeline,
     operations_disputed_count,
     operations_disputed_queue,
-    operations_journal,
+    operations_journal_page,
     operations_lookup_failing_count,
     operations_lookup_failing_queue,
     operations_not_run_count,
@@ -76,9 +75,8 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     slugs = list(tenants_for_user(request.user).values_list("slug", flat=True))
     form = OperationFilterForm(request.GET, tenant_slugs=slugs)
     if form.is_valid():
-        page, next_cursor = keyset_page(
-            operations_journal(request.user, filters=form.filters()),
-            before=form.cleaned_data.get("before"),
+        page, next_cursor = operations_journal_page(
+            request.user, filters=form.filters(), before=form.cleaned_data.get("before"),
             size=PAGE_SIZE,
         )
     else:

@@ -20,7 +20,7 @@ from operations.selectors.journal import (
     operation_lineage,
     operation_superseded_by,
     operation_timeline,
-    operations_journal,
+    operations_journal_page,
     related_pages_for_user,
     run_parent_in_tenant,
 )
@@ -69,7 +69,7 @@ __all__ = [
     "operations_disputed_count",
     "operations_disputed_queue",
     "operations_for_user",
-    "operations_journal",
+    "operations_journal_page",
     "operations_lookup_failing_count",
     "operations_lookup_failing_queue",
     "operations_not_run_count",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import F, Lookup, QuerySet
 from django.utils import timezone
 
 from operations.ids import id_after
@@ -18,7 +18,7 @@ from operations.models import (
     Operation,
     Run,
 )
-from operations.selectors.access import operations_for_user
+from operations.selectors.access import tenants_for_user
 from operations.signals import RelatedPage, operation_related_pages
 
 
@@ -43,13 +43,66 @@ class OperationFilters:
     older_than: timedelta | None = None
 
 
-def operations_journal(user, *, filters: OperationFilters):
-    """The journal rows the user may see, newest first (ids are time-sortable)."""
-    qs = operations_for_user(user)
+class _TenantAmong(Lookup):
+    """`tenant_id = ANY(ARRAY[…])`, even for one tenant. Written as `tenant_id = 1`, the
+    planner knows the tenant is constant, so the primary key read backwards "gives" the
+    page's order too, and it prices that walk as if the tenant's rows were spread evenly
+    through time. A quiet tenant beside a busy one is not: the walk reads every newer
+    operation of the other tenant first (20,000 rows for a page after 100 s of 200/s, a
+    million after 80 minutes). Through ANY the tenant is no constant to the planner, and only
+    the (tenant, -id) index gives the order (tenant, -id) the page then asks for."""
+
+    lookup_name = "tenant_among"
+    prepare_rhs = False
+
+    def as_sql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"{lhs} = ANY({rhs}::bigint[])", [*lhs_params, *rhs_params]
+
+
+def keyset_page_of_tenants(
+    qs: QuerySet, *, tenant_ids: list[int], before: str | None, size: int
+) -> tuple[list, str | None]:
+    """keyset_page for rows of tenants with a (tenant, -id) index, newest first: each
+    tenant's newest `size + 1` ids read through that index alone (see _TenantAmong), then
+    merged, then those rows fetched by primary key. What a page costs depends on how many
+    tenants the user sees, never on how many rows other tenants wrote since."""
+    if not tenant_ids:
+        return [], None
+    if before not in (None, ""):
+        qs = qs.filter(id__lt=before)
+    newest = [
+        qs.filter(_TenantAmong(F("tenant_id"), [tenant_id]))
+        .order_by("tenant_id", "-id")
+        .values_list("id", flat=True)[: size + 1]
+        for tenant_id in tenant_ids
+    ]
+    if len(newest) == 1:
+        ids = list(newest[0])
+    else:
+        ids = list(newest[0].union(*newest[1:], all=True).order_by("-id")[: size + 1])
+    rows = list(
+        qs.model.objects.filter(id__in=ids).select_related("tenant").order_by("-id")
+    )
+    next_cursor = rows[size - 1].id if len(rows) > size else None
+    return rows[:size], next_cursor
+
+
+def operations_journal_page(
+    user, *, filters: OperationFilters, before: str | None, size: int
+) -> tuple[list[Operation], str | None]:
+    """One page of the journal rows the user may see, newest first (ids are time-sortable),
+    and the cursor for the next page (or None)."""
+    tenants = tenants_for_user(user)
+    if filters.tenant:
+        # Resolved to its id here, not joined into the page's query: there the slug hides
+        # from the planner which tenant it is, and a page of a quiet tenant is read off the
+        # primary key through every newer operation of the others.
+        tenants = tenants.filter(slug=filters.tenant)
+    qs = Operation.objects.all()
     if filters.status:
         qs = qs.filter(status=filters.status)
-    if filters.tenant:
-        qs = qs.filter(tenant__slug=filters.tenant)
     if filters.action:
         qs = qs.filter(action=filters.action)
     if filters.run:
@@ -63,7 +116,9 @@ def operations_journal(user, *, filters: OperationFilters):
         # answer exact; an id made while the clock had stepped back (ids stay monotonic)
         # only shows that operation here a step later.
         qs = qs.filter(id__lt=id_after("op", threshold), created_at__lt=threshold)
-    return qs.select_related("tenant").order_by("-id")
+    return keyset_page_of_tenants(
+        qs, tenant_ids=list(tenants.values_list("id", flat=True)), before=before, size=size
+    )
 
 
 @dataclass(frozen=True)

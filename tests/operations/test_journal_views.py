@@ -255,6 +255,88 @@ def test_it_reads_a_page_not_every_newer_operation_for_the_age_filter(acme, oper
     assert read <= 500, f"{read} operations read for one page of the age filter"
 
 
+def _page_cost(client, params: dict) -> tuple[list[str], int]:
+    """The ids a journal page shows, and the operations its page query read to find them."""
+    with queries_run() as seen:
+        html = client.get("/operations/", params).content.decode()
+    (page_sql, sql_params), = [(sql, p) for sql, p in seen
+                               if 'FROM "operations_operation"' in sql and "LIMIT" in sql]
+    shown = re.findall(r'href="/operations/(op_[0-9A-Z]{26})/"', html)
+    return shown, plan_rows_read(page_sql, sql_params, "operations_operation")
+
+
+@pytest.fixture
+def busy_neighbour(db):
+    """A tenant writing 200 operations a second for the last 60 s."""
+    from tests.factories import TenantFactory
+
+    initech = TenantFactory(slug="initech")
+    now = timezone.now()
+    _journal_rows(initech, [now - timedelta(milliseconds=3 * i) for i in range(20_000)])
+    return initech
+
+
+@pytest.mark.django_db
+def test_it_reads_a_page_not_every_newer_operation_of_a_tenant_the_user_may_not_see(
+    acme, operator, busy_neighbour
+):
+    """The planner prices the primary key read backwards as if acme's rows were spread
+    evenly through time; they are two hours old, behind 20,000 of another tenant's."""
+    now = timezone.now()
+    mine = _journal_rows(acme, [now - timedelta(hours=2, seconds=i) for i in range(2_000)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE operations_operation")
+
+    shown, read = _page_cost(signed_in(operator), {})
+
+    assert shown == mine[:50]
+    assert read <= 500, f"{read} operations read for one page of acme's journal"
+
+
+@pytest.mark.django_db
+def test_it_reads_a_page_not_every_newer_operation_of_the_others_for_the_tenant_filter(
+    acme, operator, busy_neighbour
+):
+    """A slug joined into the page's query hid which tenant it is from the planner."""
+    from console.roles import role_grant
+
+    role_grant(user=operator, role="Operator", tenant=busy_neighbour)
+    now = timezone.now()
+    quiet = _journal_rows(acme, [now - timedelta(hours=2, seconds=i) for i in range(60)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE operations_operation")
+
+    shown, read = _page_cost(signed_in(operator), {"tenant": "acme"})
+
+    assert shown == quiet[:50]
+    assert read <= 500, f"{read} operations read for one page of the tenant filter"
+
+
+@pytest.mark.django_db
+def test_it_merges_the_pages_of_each_visible_tenant_newest_first_at_the_cost_of_a_page_each(
+    acme, globex, operator, busy_neighbour
+):
+    from console.roles import role_grant
+
+    role_grant(user=operator, role="Operator", tenant=globex)
+    now = timezone.now()
+    acme_rows = _journal_rows(acme, [now - timedelta(hours=2, seconds=2 * i) for i in range(900)])
+    globex_rows = _journal_rows(
+        globex, [now - timedelta(hours=2, seconds=2 * i + 1) for i in range(900)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE operations_operation")
+    client = signed_in(operator)
+
+    shown, read = _page_cost(client, {})
+    older, read_older = _page_cost(client, {"before": shown[-1]})
+
+    both = sorted(acme_rows + globex_rows, reverse=True)
+    assert shown == both[:50] and older == both[50:100]
+    assert shown[::2] == acme_rows[:25] and shown[1::2] == globex_rows[:25]
+    # Each tenant's 51 newest through its own index: 102, never busy_neighbour's 20,000.
+    assert read <= 500 and read_older <= 500, (read, read_older)
+
+
 @pytest.mark.django_db
 def test_it_shows_nothing_of_another_tenants_run_through_the_run_filter(
     acme, globex, operator

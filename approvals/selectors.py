@@ -73,6 +73,23 @@ def approval_replaced_by(approval: Approval) -> tuple[Approval | None, Operation
     return request, successor
 
 
+def approval_replacement_changed(
+    approval: Approval, *, request: Approval | None, successor: Operation | None
+) -> bool | None:
+    """Whether the intent that replaced this superseded request is another one (True) or the
+    very same, asked again (False), by payload_hash: an agent asks again unchanged when a
+    request ran out, and telling the approver or the trail of a change would be untrue.
+    None when no replacing intent of its tenant is known. `request` and `successor` are
+    approval_replaced_by's."""
+    if approval.status != P.SUPERSEDED:
+        return None
+    if successor is not None:
+        return successor.payload_hash != approval.payload_hash
+    if request is not None:
+        return request.payload_hash != approval.payload_hash
+    return None
+
+
 def intent_authors(operation: Operation) -> list[int]:
     """Who wrote this intent or any it replaces, or launched the run of any of them: a
     person's intent asked again unchanged by the agent (as an expiry tells it to) is still

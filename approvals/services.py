@@ -15,6 +15,8 @@ from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import (
     approval_is_own_intent,
     approval_policy_moved_to,
+    approval_replaced_by,
+    approval_replacement_changed,
     approval_run_mode_problem,
     intent_authors,
 )
@@ -51,14 +53,29 @@ def _when(moment: datetime | None) -> str:
 def _decided_message(approval: Approval) -> str:
     who = approval.decided_by.username if approval.decided_by_id else "the system"
     if approval.status == P.SUPERSEDED:
+        request, successor = approval_replaced_by(approval)
+        changed = approval_replacement_changed(
+            approval, request=request, successor=successor
+        )
+        by = {
+            True: "a changed one",
+            False: "the same intent asked again",
+            None: "a newer intent",
+        }[changed]
+        when = _when(approval.decided_at)
         if approval.superseded_by_id is None:
             return (
-                f"This intent was superseded at {_when(approval.decided_at)} by a changed one "
-                "that needs no approval; there is nothing to decide."
+                f"This intent was superseded at {when} by {by}, which needs no approval; "
+                "there is nothing to decide."
+            )
+        if changed is False:
+            return (
+                f"This intent was asked again unchanged ({approval.superseded_by_id}) at "
+                f"{when}; decide the new request instead."
             )
         return (
-            f"This intent was superseded by a changed one ({approval.superseded_by_id}) at "
-            f"{_when(approval.decided_at)}; review and approve the new intent instead."
+            f"This intent was superseded by {by} ({approval.superseded_by_id}) at "
+            f"{when}; review and approve the new intent instead."
         )
     if approval.status == P.EXPIRED:
         return (

@@ -20,6 +20,7 @@ from approvals.selectors import (
     approval_is_own_intent,
     approval_policy_moved_to,
     approval_replaced_by,
+    approval_replacement_changed,
     approval_run_mode_problem,
     approvals_for_user,
     approvals_of_operation,
@@ -122,6 +123,10 @@ def _card(
         # A superseded request's successors, within the tenant like the rest of its lineage.
         "replaced_by_request": replaced_by_request,
         "replaced_by": replaced_by,
+        # A superseded request replaced by the very same intent, asked again, was not changed.
+        "replacement_changed": approval_replacement_changed(
+            approval, request=replaced_by_request, successor=replaced_by
+        ),
         "expired_in_fact": approval.ran_out(now),
         "can_decide": can_decide and approval.is_pending and not approval.ran_out(now),
         # Approving would be refused: the card says so and leaves the approver Reject,

@@ -358,6 +358,50 @@ def test_it_supersedes_the_old_approval_when_the_intent_changes(
     assert no_execute == [new.operation_id]
 
 
+def test_it_tells_an_approver_an_intent_asked_again_unchanged_was_not_changed(
+    acme, approver, prepare_payment, no_execute
+):
+    """The agent asks again for the very same intent (its request ran out, and the sweep is
+    behind): the refusal named a change that never happened, on the approver's screen and in
+    the audit trail."""
+    old = prepare_payment(acme)
+    Approval.objects.filter(id=old.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    new = prepare_payment(acme, supersedes=old.operation)
+    assert new.payload_hash == old.payload_hash
+
+    with pytest.raises(ApprovalRefused) as refused:
+        approval_approve(approval_id=old.id, actor=approver)
+    assert refused.value.code == "already_superseded"
+    assert f"asked again unchanged ({new.id})" in refused.value.message
+    assert "changed one" not in refused.value.message
+    (event,) = _audits("approval.approve_refused", old)
+    assert event.reason == refused.value.message
+    assert no_execute == []
+
+
+def test_it_tells_an_intent_asked_again_unchanged_that_needs_no_approval_was_not_changed(
+    acme, admin_user, monkeypatch
+):
+    from dataclasses import replace
+
+    from operations.policy import POLICIES
+
+    deal = {"name": "Renewal", "amount_minor": 6_000_000, "currency": "EUR", "owner": "dana"}
+    old_op = operation_prepare(tenant=acme, action="crm.create_deal", payload=deal)
+    old = Approval.objects.get(operation=old_op)
+    # The same policy version, which now authorizes the very same intent itself.
+    monkeypatch.setitem(POLICIES, "crm.create_deal", replace(
+        POLICIES["crm.create_deal"], requires_approval=lambda payload: False))
+    new_op = operation_prepare(tenant=acme, action="crm.create_deal", supersedes=old_op,
+                               payload=deal)
+    assert new_op.payload_hash == old_op.payload_hash and not new_op.requires_approval
+
+    with pytest.raises(ApprovalRefused) as refused:
+        approval_approve(approval_id=old.id, actor=admin_user)
+    assert "by the same intent asked again, which needs no approval" in refused.value.message
+    assert "changed one" not in refused.value.message
+
+
 def test_it_supersedes_the_old_approval_when_the_new_intent_needs_none(acme, admin_user):
     from operations.engine import operation_prepare
     from tests.helpers import signed_in

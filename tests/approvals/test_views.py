@@ -555,6 +555,25 @@ def test_it_shows_the_diff_of_a_superseded_intent_and_refuses_the_old_one(
     assert no_execute == []
 
 
+@pytest.mark.parametrize("changes", [{"amount_minor": 1_350_000}, {}],
+                         ids=["changed", "asked-again-unchanged"])
+def test_it_says_a_replaced_request_was_changed_only_when_its_intent_was(
+    acme, approver, prepare_payment, no_execute, changes
+):
+    old = prepare_payment(acme)
+    new = prepare_payment(acme, supersedes=old.operation, **changes)
+    assert (new.payload_hash != old.payload_hash) == bool(changes)
+    client = signed_in(approver)
+
+    old_html = client.get(reverse("approvals:detail", args=[old.id])).content.decode()
+    assert ("This intent was changed" in old_html) == bool(changes)
+    assert ("This intent was asked again, unchanged" in old_html) == (not changes)
+    assert f'href="{reverse("approvals:detail", args=[new.id])}"' in old_html
+    refusal = client.post(_approve_url(old), HTTP_HX_REQUEST="true").content.decode()
+    assert ("superseded by a changed one" in refusal) == bool(changes)
+    assert (f"asked again unchanged ({new.id})" in refusal) == (not changes)
+
+
 def test_it_answers_a_history_restore_of_an_approvals_page_with_the_whole_page(
     acme, approver, prepare_payment
 ):

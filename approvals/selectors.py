@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.db import connection
 from django.db.models import Count, Min, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
@@ -118,6 +120,57 @@ def intent_authors(operation: Operation) -> list[int]:
 
 # Far longer than any chain of replaced intents a person reviews: a bound, not a limit.
 MAX_SUPERSEDES_WALK = 1000
+
+
+# Each generation joins the intent its last one replaced, within the tenant of the intent
+# the walk started from: a link into another tenant ends the chain there, as
+# operation_lineage ends it on the card. UNION ALL with a depth counter: a corrupt cycle is
+# cut by the bound. The nearest approved generation per origin is the newest approved one.
+_LAST_APPROVED_SQL = """
+WITH RECURSIVE chain (origin_id, tenant_id, operation_id, supersedes_id, depth) AS (
+    SELECT start.id, start.tenant_id, parent.id, parent.supersedes_id, 1
+      FROM {operation} start
+      JOIN {operation} parent
+        ON parent.id = start.supersedes_id AND parent.tenant_id = start.tenant_id
+     WHERE start.id = ANY(%s)
+    UNION ALL
+    SELECT chain.origin_id, chain.tenant_id, parent.id, parent.supersedes_id, chain.depth + 1
+      FROM chain
+      JOIN {operation} parent
+        ON parent.id = chain.supersedes_id AND parent.tenant_id = chain.tenant_id
+     WHERE chain.depth < %s
+)
+SELECT DISTINCT ON (chain.origin_id) chain.origin_id AS walked_from, ancestor.*
+  FROM chain
+  JOIN {operation} ancestor ON ancestor.id = chain.operation_id
+ WHERE EXISTS (
+       SELECT 1 FROM {approval} approval
+        WHERE approval.operation_id = chain.operation_id AND approval.status = %s)
+ ORDER BY chain.origin_id, chain.depth
+"""
+
+
+def last_approved_ancestors(
+    operations: Iterable[Operation], *, limit: int = MAX_SUPERSEDES_WALK
+) -> dict[str, Operation]:
+    """For each operation, by id, the newest intent among those it replaces, directly or
+    down its chain, that a person approved; absent when none was. What an approver must
+    see a re-asked intent's changes against: a change asked in a request that ran out
+    undecided, then asked again unchanged, was otherwise never shown to anyone who decides.
+    One query for all of them (a recursive CTE, bounded to `limit` generations), so a page
+    of cards costs what one does at any depth. For a caller that has already checked the
+    user may see the operations; the walk stays inside each one's tenant."""
+    ids = [op.id for op in operations if op.supersedes_id]
+    if not ids or limit < 1:
+        return {}
+    sql = _LAST_APPROVED_SQL.format(
+        operation=connection.ops.quote_name(Operation._meta.db_table),
+        approval=connection.ops.quote_name(Approval._meta.db_table),
+    )
+    return {
+        ancestor.walked_from: ancestor
+        for ancestor in Operation.objects.raw(sql, [ids, limit, P.APPROVED])
+    }
 
 
 def approval_is_own_intent(approval: Approval, user) -> bool:

@@ -25,6 +25,7 @@ from approvals.selectors import (
     approvals_for_user,
     approvals_of_operation,
     approvals_queue_page,
+    last_approved_ancestors,
 )
 from approvals.services import (
     ApprovalRefused,
@@ -80,9 +81,10 @@ def _derivations(approvals: list[Approval]) -> dict[str, Derivation]:
 
 def _card(
     approval: Approval, *, user, unmasked: bool, can_decide: bool,
-    derivation: Derivation | None = None,
+    derivation: Derivation | None = None, last_approved: dict[str, Operation] | None = None,
 ) -> dict[str, Any]:
-    """`derivation`: this card's, when the caller read those of a whole page."""
+    """`derivation` and `last_approved` (by operation id, as last_approved_ancestors reads
+    them): this card's among those the caller read for a whole page."""
     op = approval.operation
     if derivation is None:
         derivation = _derivations([approval])[op.id]
@@ -92,11 +94,21 @@ def _card(
     lineage = operation_lineage(op)
     old = lineage.supersedes
     replaced_by_request, replaced_by = approval_replaced_by(approval)
-    diff = []
+    # What a person approved last is what the approver must see the changes against: a
+    # change whose request ran out undecided, asked again unchanged, would otherwise never
+    # be shown to anyone who decides. With none ever approved, the intent it replaces, whose
+    # request (and a rejection's reason) the card names.
+    compared_with = None
     if old is not None:
+        if last_approved is None:
+            last_approved = last_approved_ancestors([op])
+        compared_with = last_approved.get(op.id, old)
+    diff = []
+    if compared_with is not None:
         diff = intent_diff(
-            action=op.action, old_payload=old.payload, new_payload=op.payload,
-            old_policy=old.policy_version, new_policy=op.policy_version, unmasked=unmasked,
+            action=op.action, old_payload=compared_with.payload, new_payload=op.payload,
+            old_policy=compared_with.policy_version, new_policy=op.policy_version,
+            unmasked=unmasked,
         )
     return {
         "approval": approval,
@@ -110,6 +122,11 @@ def _card(
         "rows": intent_rows(action=op.action, payload=op.payload, unmasked=unmasked),
         "unmasked": unmasked,
         "diff": diff,
+        "compared_with": compared_with,
+        "compared_approved": compared_with is not None and op.id in last_approved,
+        # "Asked again, unchanged" is said only of the very intent it is compared with.
+        "unchanged": compared_with is not None and not diff
+        and compared_with.payload_hash == op.payload_hash,
         # The intent it replaces met a version conflict: the deal as the CRM then held it,
         # beside this intent's change, so the approver sees what the change now meets.
         "deal_found": deal_found_rows(
@@ -147,10 +164,11 @@ def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
     """Masked cards, as every list and htmx answer shows them."""
     deciding_ids = set(tenants_for_user(user, "approve_intents").values_list("id", flat=True))
     derivations = _derivations(approvals)
+    last_approved = last_approved_ancestors(approval.operation for approval in approvals)
     return [
         _card(approval, user=user, unmasked=False,
               can_decide=approval.operation.tenant_id in deciding_ids,
-              derivation=derivations[approval.operation_id])
+              derivation=derivations[approval.operation_id], last_approved=last_approved)
         for approval in approvals
     ]
 

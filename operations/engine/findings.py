@@ -64,9 +64,11 @@ def lookup_record(
     adapter: ProviderAdapter,
     actor: AbstractUser | None,
     calls_before: int,
+    looked_up_status: str,
 ) -> ReconcileReport:
     """Write what a lookup found and move the operation toward it: an object in a known
-    state, proven absence, or nothing conclusive. Each outcome is its own function below."""
+    state, proven absence, or nothing conclusive. Each outcome is its own function below.
+    `looked_up_status` is the status the lookup was made for, read with its snapshot."""
     now = timezone.now()
     Attempt.objects.filter(id=attempt.id).update(**lookup_attempt_fields(found, finished_at=now))
     data = lookup_data(found, attempt=attempt.number)
@@ -81,6 +83,11 @@ def lookup_record(
             return _another_object_found(op, attempt, found, to=found_at, data=data,
                                          actor=actor)
         return ReconcileReport(op.id, "nothing_to_do", op.status, "settled meanwhile")
+    if found_at is None and (
+        op.status != looked_up_status or op.external_id != op_snapshot.external_id
+    ):
+        return _stale_lookup_record(op, found, looked_up_status=looked_up_status, data=data,
+                                    actor=actor)
     if found_at is not None:
         return _found_record(
             op, attempt, found, to=found_at, data=data, actor=actor,
@@ -95,6 +102,24 @@ def lookup_record(
         op, op_snapshot, found, contract=adapter.contract, data=data, actor=actor,
         calls_before=calls_before, now=now,
     )
+
+
+def _stale_lookup_record(
+    op: Operation, found: LookupResult, *, looked_up_status: str, data: dict[str, Any],
+    actor: AbstractUser | None,
+) -> ReconcileReport:
+    """Nothing found, by a lookup an event or a late answer overtook: a search made before
+    the provider's object was recorded trails the provider's writes (Stripe's search lags),
+    so its "absent" says nothing against the object now on record. Kept as evidence; the
+    status, and the next check the newer fact scheduled, stand."""
+    Evidence.objects.create(
+        operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status, to_status=op.status,
+        summary=f"lookup made while {looked_up_status} answered "
+        f"{found.reason or found.outcome}; overtaken by what was recorded meanwhile, it "
+        "changes nothing",
+        data=data, actor=actor,
+    )
+    return ReconcileReport(op.id, "stale", op.status, "overtaken by a newer fact")
 
 
 def _found_record(

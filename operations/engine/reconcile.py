@@ -102,6 +102,7 @@ def operation_reconcile(
             id=op.id
         )
         calls_before = op.provider_calls
+        looked_up_status = op.status
         op_snapshot = snapshot(op)
         attempt = Attempt.objects.create(
             operation_id=op.id,
@@ -119,7 +120,8 @@ def operation_reconcile(
         ),
     )
     report = lookup_record(
-        op, op_snapshot, attempt, found, adapter=adapter, actor=actor, calls_before=calls_before
+        op, op_snapshot, attempt, found, adapter=adapter, actor=actor,
+        calls_before=calls_before, looked_up_status=looked_up_status,
     )
     if asked_by_person:
         # After the lookup is recorded: the trail says what the person's reconcile moved,

@@ -26,6 +26,7 @@ from operations.models import (
     Operation,
     OperationStatus,
 )
+from operations.providers.base import CallOutcome, LookupOutcome, LookupResult, WebhookFacts
 from operations.sandbox.models import Deal, IdempotencyRecord, Message, PaymentIntent
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
@@ -675,3 +676,44 @@ def test_it_never_shows_the_api_key_on_the_operation_page(
 
     page = signed_in(auditor).get(f"/operations/{op.id}/").content.decode()
     assert LIVE_KEY not in page, "the API key is shown on the operation's page to an auditor"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_an_event_recorded_while_a_lookup_was_out_over_the_lookups_empty_answer(
+    acme, approver, monkeypatch
+):
+    """Reconcile searches an unknown payment by its operation id; the provider's
+    `processing` event lands while the search is out and records the payment; the search,
+    trailing the provider's writes, answers empty. That absence was read before the fact and
+    says nothing against it: the operation stays accepted on the payment, looked up again by
+    its id, not sent back to a person's queue with no lookup ever again."""
+    op = died_mid_call(authorized_payment(acme, approver),
+                       claimed=timezone.now() - timedelta(minutes=5))
+    adapter = core.adapter(op.action)
+    searched_with = []
+
+    def search_overtaken_by_the_event(snapshot):
+        searched_with.append(snapshot.external_id)
+        result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_processing", event_type="payment_intent.processing",
+            operation_id=op.id, external_id="pi_under_way", status=CallOutcome.ACCEPTED,
+            data={"id": "pi_under_way", "status": "processing",
+                  "amount": op.payload["amount_minor"],
+                  "currency": op.payload["currency"].lower()}))
+        assert result == "applied", message
+        return LookupResult(outcome=LookupOutcome.ABSENT,
+                            reason="no payment carries this operation id")
+
+    monkeypatch.setattr(adapter, "lookup", search_overtaken_by_the_event)
+    calls_before = Operation.objects.get(id=op.id).provider_calls
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    assert searched_with == [""]
+    assert (op.status, op.external_id) == (S.ACCEPTED, "pi_under_way")
+    assert op.next_reconcile_at is not None and op.provider_calls == calls_before
+    assert report.outcome == "stale"
+    noted = op.evidence.order_by("-id").first()
+    assert (noted.kind, noted.from_status, noted.to_status) == ("lookup", S.ACCEPTED, S.ACCEPTED)
+    assert "overtaken" in noted.summary

@@ -7,15 +7,18 @@ from functools import reduce
 from operator import or_
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
-from operations.models import Operation, OperationStatus, Run
+from operations.models import Attempt, Operation, OperationStatus, Run, WebhookEvent
 
 S = OperationStatus
 
 # Closed with no effect at the provider: refused by it, or never called. Every other status
 # made its effect, may have, or may yet: one waiting for its approval, approved and queued,
-# or back before a new call once a lookup proved the last left nothing.
+# or back before a new call once a lookup proved the last left nothing. A closed one whose
+# provider reported the effect after all (an event or a late answer held for review) is no
+# longer closed without effect until a person answers that report: the payment may have
+# settled after a person failed it, as prepare's refusal to replace such an intent knows.
 _CLOSED_WITHOUT_EFFECT = (S.FAILED, S.CANCELLED)
 
 # Each generation joins the next through a parent of the same tenant as the run the walk
@@ -71,7 +74,9 @@ def command_effects_in_runs(
     effect, may have, or may yet. A replay prepares its nodes' commands again under new keys,
     which the provider dedups nothing against: approving one of those makes the effect a
     second time, and so does approving both of two still waiting. In the order of its
-    `run_ids`. One query for all of them."""
+    `run_ids`. Each is annotated `events_held` and `answers_held`: whether the provider
+    reported an effect of it that waits for a person (`held_reports`). One query for all of
+    them."""
     asked = [op for op in ops if op.command_id and run_ids.get(op.id)]
     effects: dict[str, list[Operation]] = {op.id: [] for op in ops}
     if not asked:
@@ -80,7 +85,18 @@ def command_effects_in_runs(
         Operation.objects.filter(reduce(or_, (
             Q(tenant_id=op.tenant_id, run_id__in=run_ids[op.id], command_id=op.command_id)
             for op in asked
-        ))).exclude(status__in=_CLOSED_WITHOUT_EFFECT)
+        )))
+        .annotate(
+            events_held=Exists(
+                WebhookEvent.objects.held_for_review().filter(operation_id=OuterRef("pk"))
+            ),
+            answers_held=Exists(
+                Attempt.objects.held_for_review().filter(operation_id=OuterRef("pk"))
+            ),
+        )
+        .filter(
+            ~Q(status__in=_CLOSED_WITHOUT_EFFECT) | Q(events_held=True) | Q(answers_held=True)
+        )
     )
     for op in asked:
         nearness = {run_id: n for n, run_id in enumerate(run_ids[op.id])}

@@ -1130,6 +1130,104 @@ def test_it_warns_of_a_replayed_command_its_parent_run_may_yet_carry_out(
                 f"(run {checkpoint.run_id}).") in text
 
 
+def _replayed_after(acme, admin_user, first):
+    """A live replay of `first`'s run asking its command again: its approval."""
+    from operations.models import RunMode
+    from tests.factories import RunFactory
+    from tests.operations.engine_helpers import PAYMENT
+
+    replay = RunFactory(derived_from=first.checkpoint, mode=RunMode.LIVE,
+                        launched_by=admin_user, launch_reason="reproduce the timeout")
+    again = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                              run=replay, command_id=first.command_id)
+    return Approval.objects.get(operation=again)
+
+
+def _failed_by_a_person(acme, approver, operator):
+    """A payment of a run whose answer was lost and that a person resolved as failed."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from operations.engine import operation_authorize
+    from tests.factories import CheckpointFactory, RunFactory
+    from tests.operations.engine_helpers import PAYMENT
+
+    checkpoint = CheckpointFactory(run=RunFactory(tenant=acme))
+    first = operation_prepare(tenant=acme, action="payments.create", payload=PAYMENT,
+                              run=checkpoint.run, checkpoint=checkpoint, command_id="cmd_pay_01")
+    operation_authorize(operation_id=first.id, approved_hash=first.payload_hash,
+                        policy_version=first.policy_version, approved_by=approver,
+                        expires_at=timezone.now() + timedelta(minutes=30))
+    make_unknown(first)
+    operation_resolve(operation_id=first.id, actor=operator, outcome="failed",
+                      evidence_text="no such payment in the dashboard",
+                      reason="checked by phone with the bank")
+    first.refresh_from_db()
+    assert first.status == "failed"
+    return first
+
+
+@pytest.mark.parametrize("reported_by", ["event", "late answer"])
+def test_it_warns_of_a_replayed_command_its_parent_run_failed_but_the_provider_carried_out(
+    acme, approver, operator, admin_user, reported_by
+):
+    """A person failed the parent run's payment; then the provider reported it succeeded
+    (a webhook, or the answer to the call that came too late), held for review. Prepare
+    refuses to replace such an intent for that reason; a replay's intent under a new key
+    would pay the invoice a second time just the same, so its card warns."""
+    from operations import engine
+    from operations.engine.core import held_reports
+    from operations.providers.base import CallOutcome, WebhookFacts
+    from tests.factories import CallAttemptFactory
+    from tests.operations.engine_helpers import PAYMENT
+
+    first = _failed_by_a_person(acme, approver, operator)
+    if reported_by == "event":
+        result, _ = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_late_success", event_type="payment_intent.succeeded",
+            operation_id=first.id, external_id="pi_LATE", status=CallOutcome.SUCCEEDED,
+            data={"id": "pi_LATE", "status": "succeeded", "amount": PAYMENT["amount_minor"],
+                  "currency": PAYMENT["currency"].lower()}))
+        assert result == "held"
+    else:
+        CallAttemptFactory(operation=first, number=first.attempts.count() + 1,
+                           outcome="succeeded", external_id="pi_LATE", needs_review=True,
+                           review_note="the provider reports succeeded (pi_LATE)")
+    first.refresh_from_db()
+    assert first.status == "failed" and held_reports(first.id).names()
+    approval = _replayed_after(acme, admin_user, first)
+
+    page = signed_in(approver).get(f"/approvals/{approval.id}/").content.decode()
+
+    text = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", "", page)))
+    assert (f"This command is also in a run this one derives from: {first.id} is failed, "
+            "but the provider has since reported an effect of it, held for review "
+            f"(run {first.run_id}).") in text
+    assert f'href="/operations/{first.id}/"' in page
+
+
+def test_it_does_not_warn_of_a_failed_command_whose_late_report_a_person_has_answered(
+    acme, approver, operator, admin_user
+):
+    """Once a person has answered the provider's late report and left the operation failed,
+    it is closed with no effect again, as any failed one."""
+    from django.utils import timezone
+
+    from tests.factories import CallAttemptFactory
+
+    first = _failed_by_a_person(acme, approver, operator)
+    CallAttemptFactory(operation=first, number=first.attempts.count() + 1,
+                       outcome="succeeded", external_id="pi_LATE", needs_review=True,
+                       reviewed_at=timezone.now(),
+                       review_note="the provider reports succeeded (pi_LATE)")
+    approval = _replayed_after(acme, admin_user, first)
+
+    page = signed_in(approver).get(f"/approvals/{approval.id}/").content.decode()
+
+    assert "also in a run" not in page and first.id not in page
+
+
 def test_it_reads_the_lineage_of_derived_intents_in_the_same_queries_for_any_page(
     acme, approver, admin_user, prepare_payment
 ):

@@ -26,6 +26,7 @@ from operations.intents.display import (
     money_format,
     payload_fingerprint,
     payload_hashes_fingerprinted,
+    state_fingerprint,
     words_given_back,
 )
 from operations.intents.validation import (
@@ -71,5 +72,6 @@ __all__ = [
     "payload_hashes_fingerprinted",
     "secret_in_text",
     "secrets_marked",
+    "state_fingerprint",
     "words_given_back",
 ]

@@ -50,6 +50,19 @@ def payload_fingerprint(payload_hash: str) -> str:
     return f"fp:{digest}"
 
 
+def state_fingerprint(state_hash: str) -> str:
+    """A checkpoint's state hash as the run page shows it: keyed as `payload_fingerprint`
+    is, under a key of its own. The state is what the agent held at that node (the
+    invoice, the payee it was about to pay), which the same page shows masked in the intent
+    it led to: its unkeyed sha256 gives the hidden digits back to whoever guesses them."""
+    if not state_hash:
+        return ""
+    digest = salted_hmac(
+        "operations.state_fingerprint", state_hash, algorithm="sha256"
+    ).hexdigest()
+    return f"fp:{digest}"
+
+
 def payload_hashes_fingerprinted(value: Any) -> Any:
     """A journaled before/after with each payload hash in it (PAYLOAD_HASH_FIELDS) shown as
     its payload_fingerprint, at any depth."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from operations.intents import mask_person_text, payload_fingerprint
+from operations.intents import mask_person_text, payload_fingerprint, state_fingerprint
 
 register = template.Library()
 
@@ -28,3 +28,10 @@ def payload_hash_shown(value: Any, unmasked: Any) -> str:
     if unmasked or not value:
         return value or ""
     return payload_fingerprint(str(value))
+
+
+@register.filter
+def state_hash_shown(value: Any) -> str:
+    """`{{ cp.state_hash|state_hash_shown }}`: a checkpoint's state hash as its keyed
+    fingerprint, the only form any page shows (none shows a state unmasked)."""
+    return state_fingerprint(str(value)) if value else ""

@@ -8,6 +8,7 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from operations.engine import operation_prepare
+from operations.intents import state_fingerprint
 from operations.models import Checkpoint, Operation, Run, RunMode, RunStatus
 from replays.views import PAGE_SIZE
 from tests.factories import CheckpointFactory, RunFactory
@@ -49,6 +50,26 @@ def test_it_shows_a_run_with_its_checkpoints_effects_and_derived_runs(lineage, a
     branch_html = signed_in(auditor).get(f"/runs/{branch.id}/").content.decode()
     assert original.id in branch_html and cp.id in branch_html
     assert "started afresh" not in branch_html
+
+
+@pytest.mark.django_db
+def test_it_shows_a_checkpoints_state_only_as_a_keyed_fingerprint(acme, auditor, settings):
+    """The page shows a checkpoint's field names and, masked, the intent it led to: the
+    unkeyed sha256 of its state beside them (even cut short) lets a guess of the masked
+    values be checked offline. A keyed fingerprint still tells equal states apart from
+    different ones, and changes with SECRET_KEY."""
+    state_hash = "sha256:" + "0f1e2d3c4b5a6978" * 4
+    cp = CheckpointFactory(run=RunFactory(tenant=acme), state_hash=state_hash)
+    client = signed_in(auditor)
+
+    html = client.get(f"/runs/{cp.run_id}/").content.decode()
+
+    fingerprint = state_fingerprint(state_hash)
+    assert fingerprint.startswith("fp:") and fingerprint[:23] in html
+    assert state_hash[7:15] not in html and "sha256:0f1e" not in html
+    settings.SECRET_KEY = "another-" + "k" * 50
+    assert state_fingerprint(state_hash) != fingerprint
+    assert state_fingerprint(state_hash) == state_fingerprint(state_hash)
 
 
 @pytest.mark.django_db

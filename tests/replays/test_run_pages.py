@@ -73,6 +73,31 @@ def test_it_shows_a_checkpoints_state_only_as_a_keyed_fingerprint(acme, auditor,
 
 
 @pytest.mark.django_db
+def test_it_never_says_the_agent_launched_a_replay_that_names_no_launcher(acme, auditor):
+    """A replay or a branch is a person's decision: one whose launcher is not recorded (a
+    row from before it was kept, or written by a script) reads as the approval card and the
+    engine word it, "no one named". An original run is the agent's own."""
+    original = RunFactory(tenant=acme)
+    replay = RunFactory(derived_from=CheckpointFactory(run=original), mode=RunMode.LIVE,
+                        launched_by=None, launch_reason="reproduce the lost answer")
+    client = signed_in(auditor)
+
+    own = client.get(f"/runs/{replay.id}/").content.decode()
+    parent = client.get(f"/runs/{original.id}/").content.decode()
+    listed = client.get("/runs/").content.decode()
+
+    assert re.search(r"<dt>Launched by</dt><dd>no one named at ", own)
+    assert re.search(rf"<code>{replay.id}</code></a>[^\n]*?by no one named</span>", parent)
+    rows = {
+        run_id: re.search(r"<td>([^<]*)</td>\s*<td class=\"num\">", row).group(1)
+        for run_id, row in re.findall(r"<code>(run_\w+)</code>.*?(</td>.*?)</tr>", listed,
+                                      re.S)
+    }
+    assert rows == {replay.id: "no one named", original.id: "agent"}
+    assert re.search(r"<dt>Launched by</dt><dd>agent at ", parent)
+
+
+@pytest.mark.django_db
 def test_it_reads_a_runs_whole_ancestry_in_one_query(lineage, auditor):
     """The chain of ancestors was read one query per generation, up to fifty."""
     original, branch, _cp, _op = lineage

@@ -33,7 +33,8 @@ class RunMode(models.TextChoices):
 
 
 class Run(models.Model):
-    """One execution of a workflow graph. A replay or a branch is a new run."""
+    """One execution of a workflow graph. A replay or a branch is a new run. Never
+    deleted: a trigger refuses it (migration 0030), as the record of who launched what."""
 
     id = models.CharField(primary_key=True, max_length=40, default=_run_id, editable=False)
     conversation_id = models.CharField(max_length=40, db_index=True)

@@ -382,6 +382,28 @@ def test_it_refuses_any_change_to_a_runs_lineage(lineage, approver):
 
 
 @pytest.mark.django_db
+def test_it_refuses_to_delete_any_run(acme, operator, auditor):
+    """Refusing to rewrite a run's lineage kept nothing if the row could go: a derived run's
+    origin, launcher and reason vanished with a DELETE (launching one writes no audit
+    event), and an original run's with it once nothing pointed at it yet. Raw SQL, as a data
+    fix would: Django's PROTECT of a run a checkpoint names would refuse first."""
+    original = RunFactory(tenant=acme)
+    replay = RunFactory(derived_from=CheckpointFactory(run=original), mode=RunMode.EVIDENCE,
+                        launched_by=operator, launch_reason="why was inv_9182 paid twice?")
+    bare = RunFactory(tenant=acme)
+    for run in (replay, bare):
+        with pytest.raises(IntegrityError, match="DELETE on operations_run is refused"), \
+                transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("DELETE FROM operations_run WHERE id = %s", [run.id])
+    with pytest.raises(IntegrityError, match="DELETE on operations_run is refused"), \
+            transaction.atomic():
+        Run.objects.filter(id=bare.id).delete()
+    assert set(Run.objects.filter(tenant=acme).values_list("id", "launched_by")) == {
+        (original.id, None), (replay.id, operator.id), (bare.id, None)}
+    assert replay.id in signed_in(auditor).get(f"/runs/{original.id}/").content.decode()
+
+
+@pytest.mark.django_db
 def test_it_refuses_a_derived_run_without_a_reason(lineage):
     original, _branch, cp, _ = lineage
     for reason in ("", "  \n"):

@@ -142,7 +142,9 @@ _SECRET_VALUES = (
         "basic credentials",
     ),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), "a JWT"),
-    (re.compile(r"\b(ghp|gho|github_pat)_[A-Za-z0-9_]{20,}"), "an access token"),
+    # GitHub's tokens, of every kind: personal (ghp_, github_pat_), OAuth (gho_), an app's
+    # user-to-server and server-to-server ones (ghu_, ghs_), and a refresh token (ghr_).
+    (re.compile(r"\b(gh[pousr]|github_pat)_[A-Za-z0-9_]{20,}"), "an access token"),
     (re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}"), "an access token"),
     # A long-term key id (AKIA…) or a temporary one (ASIA…, from STS).
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "a cloud access key"),

@@ -581,6 +581,13 @@ def test_it_accepts_what_only_names_credentials_without_holding_them(params):
         ("Bearer abcdefghijklmnop1234", "a bearer token"),
         ("eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl", "a JWT"),
         ("ghp_" + "a" * 20, "an access token"),
+        # GitHub's other kinds: user-to-server, server-to-server (an app's installation) and
+        # refresh tokens, each as good as a password to the account or app it was issued for.
+        ("gho_" + "a" * 36, "an access token"),
+        ("ghu_" + "a" * 36, "an access token"),
+        ("ghs_" + "a" * 36, "an access token"),
+        ("ghr_" + "a" * 76, "an access token"),
+        ("github_pat_" + "a" * 82, "an access token"),
         ("xoxb-1234567890", "an access token"),
         ("AKIAABCDEFGHIJKLMNOP", "a cloud access key"),
         # Stripe's PaymentIntent client secret: whoever holds it can confirm the payment.
@@ -615,6 +622,7 @@ def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
         "see https://example.com/a@b", "mailto:anna@example.com", "https://anna@example.com/x",
         "http://example.com:8080/files@2026", "https://example.com?from=a:b@c",
         "ASIA trip 2026", "-----BEGIN PGP PUBLIC KEY BLOCK-----",
+        "ghost_writer_assigned_to_the_account", "ghs-2026-winter",
     ],
 )
 def test_it_accepts_words_and_links_that_only_begin_like_a_secret(text):

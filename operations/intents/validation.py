@@ -149,10 +149,12 @@ _SECRET_VALUES = (
     # A long-term key id (AKIA…) or a temporary one (ASIA…, from STS).
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "a cloud access key"),
     # scheme://user:password@host: a URL with a password in it ("https://host/a@b" and
-    # "mailto:a@b" have none). The scheme is bounded: unbounded, it is scanned again from
-    # every word boundary of a long "a.a.a…" (a third of a second for one intent's size).
+    # "mailto:a@b" have none). The user may be left out ("redis://:password@host", as Redis
+    # takes a password alone); the password may not, or "https://:@host" would be one. The
+    # scheme is bounded: unbounded, it is scanned again from every word boundary of a long
+    # "a.a.a…" (a third of a second for one intent's size).
     (
-        re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s/?#:@]+:[^\s/?#@]+@"),
+        re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s/?#:@]*:[^\s/?#@]+@"),
         "a URL with a password",
     ),
 )

@@ -605,6 +605,9 @@ def test_it_accepts_what_only_names_credentials_without_holding_them(params):
         ("ASIAIOSFODNN7EXAMPLE", "a cloud access key"),  # a temporary key id, from STS
         ("https://admin:hunter2hunter2@db.example.com/prod", "a URL with a password"),
         ("postgres://app:s3cr3t@10.0.0.5:5432/prod", "a URL with a password"),
+        # A password with no user (Redis's AUTH takes one alone) is still a password.
+        ("https://:s3cret@db.example.com/prod", "a URL with a password"),
+        ("redis://:hunter2@cache.internal:6379/0", "a URL with a password"),
     ],
 )
 def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
@@ -622,6 +625,7 @@ def test_it_refuses_every_kind_of_secret_in_a_value(value, what):
         "see https://example.com/a@b", "mailto:anna@example.com", "https://anna@example.com/x",
         "http://example.com:8080/files@2026", "https://example.com?from=a:b@c",
         "ASIA trip 2026", "-----BEGIN PGP PUBLIC KEY BLOCK-----",
+        "https://:@example.com/x",  # an empty password is none
         "ghost_writer_assigned_to_the_account", "ghs-2026-winter",
     ],
 )

@@ -158,14 +158,26 @@ _SECRET_VALUES = (
         "a URL with a password",
     ),
 )
-# Digits in groups, however they are separated: "4111 1111 1111 1111", "4111 - 1111 - …",
-# and "4111,1111,1111,1111" as a CSV writes a card's groups. A comma joins groups only there,
-# bare between two groups of four: "Orders 100234, 100235" is a list of numbers, whose
-# joined digits would pass Luhn one time in ten. (Shown, a comma parts a sum's thousands, and
-# "1,250,000" stays whole.)
+# Digits in groups: "4111 1111 1111 1111", "4111 - 1111 - …", and "4111,1111,1111,1111" as
+# a CSV writes a card's groups. A comma joins groups only there, bare between two groups of
+# four: "Orders 100234, 100235" is a list of numbers. (Shown, a comma parts a sum's
+# thousands, and "1,250,000" stays whole.)
 _CARD_COMMA = r"(?<=(?<!\d)\d{4}),(?=\d{4}(?!\d))"
 _DIGIT_GROUPS = re.compile(rf"\d+(?:(?:[{NUMBER_SEPARATORS}]+|{_CARD_COMMA})\d+)*")
+_DIGITS = re.compile(r"\d+")
 _GROUP_SEPARATOR = re.compile(rf"[{NUMBER_SEPARATORS},]+")
+# Spacing is typography, not a separator of its own: "4111 1111\u00a01111  1111" is parted
+# by spaces throughout, as a PDF or a spreadsheet pastes it.
+_SPACES = re.compile(r"\s+")
+# The groups card numbers are printed in, by the digits in each: 4-4-4-4 and the rest of
+# 4-4-4-1 to 4-4-4-7 (13 to 19 digits), 4-4-4-4-1 to 4-4-4-4-3 (a 19 digit UnionPay or
+# Maestro), 4-6-5 (American Express) and 4-6-4 (Diners Club).
+_CARD_GROUPINGS = frozenset(
+    {(4, 4, 4, last) for last in range(1, 8)}
+    | {(4, 4, 4, 4, last) for last in range(1, 4)}
+    | {(4, 6, 5), (4, 6, 4)}
+)
+_MOST_CARD_GROUPS = max(len(grouping) for grouping in _CARD_GROUPINGS)
 # JSON's safe integers: beyond them a number is not the same number everywhere (RFC 8785).
 _MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -190,8 +202,75 @@ def _field_words(name: str) -> str:
 
 
 def _holds_card_number(text: str) -> bool:
-    """A Luhn-valid 13 to 19 digit number made of whole digit groups anywhere in the text: the
-    card in "paid 2024 4111 1111 1111 1111" is found though a year stands before it."""
+    """A Luhn-valid card number written as cards are: 13 to 19 digits in one piece, or a
+    card's groups (_CARD_GROUPINGS) parted by one separator throughout. Any digit groups
+    joined by any separators pass Luhn one time in ten: every tenth invoice id
+    ("INV-2025-0301-0007-1234"), date before a reference or list of order numbers was refused
+    as a card. Card data is still caught after a year ("paid 2024 4111 1111 1111 1111"), but
+    no longer, since no card is printed so: groups parted by different separators
+    ("4111 1111-1111 1111", "4111.1111 1111 1111"), groups other than a card's (4-4-8), or
+    groups held to a word by a separator with no space in it ("INV-4111-1111-1111-1111",
+    "ref_4111_1111_1111_1111"), which makes them an id's parts."""
+    for run in _DIGIT_GROUPS.finditer(text):
+        spans = [m.span() for m in _DIGITS.finditer(text, run.start(), run.end())]
+        if any(13 <= end - start <= 19 and _luhn_ok(text[start:end]) for start, end in spans):
+            return True
+        separators = [
+            _SPACES.sub(" ", text[spans[i][1] : spans[i + 1][0]]) for i in range(len(spans) - 1)
+        ]
+        first = 0
+        while first < len(separators):
+            # The stretch of groups first..last, each parted from the next by the same
+            # separator.
+            separator, last = separators[first], first + 1
+            while last < len(separators) and separators[last] == separator:
+                last += 1
+            if _card_in_stretch(text, spans[first : last + 1], separator):
+                return True
+            first = last
+    return False
+
+
+def _card_in_stretch(text: str, spans: list[tuple[int, int]], separator: str) -> bool:
+    """Whether groups at `spans` of `text`, parted by `separator`, hold a card number. Parted
+    by spaces, any of their stretches may be one: a sentence sets numbers side by side
+    ("paid 2024 4111 1111 1111 1111"). Parted by a mark with no space in it, all of them
+    are one string, a card only whole and standing apart from any word."""
+    widths = [end - start for start, end in spans]
+    if " " in separator:
+        stretches = [
+            (first, last)
+            for first in range(len(spans))
+            for last in range(first + 2, min(first + _MOST_CARD_GROUPS, len(spans)) + 1)
+        ]
+    elif _held_to_a_word(text, spans[0][0], spans[-1][1], separator):
+        return False
+    else:
+        stretches = [(0, len(spans))]
+    for first, last in stretches:
+        if tuple(widths[first:last]) in _CARD_GROUPINGS and _luhn_ok(
+            "".join(text[start:end] for start, end in spans[first:last])
+        ):
+            return True
+    return False
+
+
+def _held_to_a_word(text: str, start: int, end: int, separator: str) -> bool:
+    """Whether text[start:end] is part of a longer id: a letter or digit against it, or the
+    same separator before or after it and a letter or digit beyond. Indexed, not sliced:
+    a slice of the text per stretch is quadratic in a long run of "1-1 1-1 …"."""
+    if text.endswith(separator, 0, start):
+        start -= len(separator)
+    if text.startswith(separator, end):
+        end += len(separator)
+    return text[start - 1 : start].isalnum() or text[end : end + 1].isalnum()
+
+
+def _digits_join_into_card_number(text: str) -> bool:
+    """Whether whole digit groups of the text, however parted, join into a Luhn-valid 13 to
+    19 digit number. Too wide to refuse by (_holds_card_number says why), it decides what a
+    refusal may repeat, where holding back costs nothing: a path joins keys each clean alone
+    ("4111" and "1111 1111 1111" read as "4111.1111 1111 1111")."""
     for match in _DIGIT_GROUPS.finditer(text):
         groups = _GROUP_SEPARATOR.split(match.group())
         for start in range(len(groups)):
@@ -236,7 +315,7 @@ def _named(name: str) -> str:
     key refused before its characters are checked (an unexpected field) could otherwise put
     a line break into a script's log, an escape sequence into a terminal, or a direction mark
     that reorders the message."""
-    what = _looks_like(name)
+    what = _looks_like(name) or (_CARD_NUMBER if _digits_join_into_card_number(name) else "")
     if what:
         return f"a field whose name looks like {what}"
     return "".join(
@@ -348,7 +427,9 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     """Return the payload if it is a valid intent for `action`, else raise IntentError."""
     if action not in SCHEMAS:
         # Repeated, as any name in a refusal, only when it holds no card data or secret.
-        named = "" if _looks_like(action) else f" {action!r}"
+        named = (
+            "" if _looks_like(action) or _digits_join_into_card_number(action) else f" {action!r}"
+        )
         raise IntentError(f"unknown action{named}; known: {', '.join(sorted(SCHEMAS))}")
     if not isinstance(payload, Mapping):
         raise IntentError("payload must be a JSON object")

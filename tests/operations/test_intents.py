@@ -26,6 +26,7 @@ from operations.intents import (
 from operations.intents.validation import FORMAT_CHARACTERS
 from operations.models import Operation
 from operations.policy import policy_for
+from tests.helpers import luhn_valid
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_778812345",
            "amount_minor": 1250000, "currency": "KZT"}
@@ -1021,3 +1022,47 @@ def test_it_takes_a_name_in_its_composed_form_as_it_was_sent():
     """NFC, the form nearly every keyboard and system writes, passes unchanged."""
     payload = {**PAYMENT, "beneficiary_id": unicodedata.normalize("NFC", "vendor_José")}
     assert intent_validate(action="payments.create", payload=payload) == payload
+
+
+@pytest.mark.parametrize(
+    ("text", "joined"),
+    [
+        # An invoice id in groups of four, held together with its prefix by one separator.
+        ("INV-2025-0301-0007-1236", "2025030100071236"),
+        ("PO-2025-000123-4567-14", "2025000123456714"),
+        # A date, then a reference.
+        ("2025-12-03 123456786", "20251203123456786"),
+        ("paid 2025-03-01 0007 1234 5676", "01000712345676"),
+        # A list of orders.
+        ("orders 100234 100235 100249", "100234100235100249"),
+    ],
+)
+def test_it_accepts_references_whose_digit_groups_join_into_a_luhn_valid_number(text, joined):
+    # Any digit groups joined by any separators pass Luhn about one time in ten: every tenth
+    # invoice id, date or list was refused as "a full card number".
+    assert luhn_valid(joined)
+    assert secret_in_text(text) == ""
+    intent_validate(action="payments.create", payload={**PAYMENT, "invoice_id": text})
+    intent_validate(action="mail.send", payload={**MAIL, "params": {"note": text}})
+
+
+@pytest.mark.parametrize(
+    "card",
+    [
+        "4111 1111 1111 1111",  # 4-4-4-4
+        "4111-1111-1111-1111",
+        "3782 822463 10005",  # 4-6-5, American Express
+        "3782-822463-10005",
+        "3056 930902 5904",  # 4-6-4, Diners Club
+        "6221 2600 0000 0000 001",  # 4-4-4-4-3, a 19 digit UnionPay
+        "4222 2222 2222 2",  # 4-4-4-1, a 13 digit Visa
+        "6759 6498 2643 8453 3",  # 4-4-4-4-1, a 17 digit Maestro
+        "5019717010103742",  # contiguous
+    ],
+)
+def test_it_refuses_a_card_number_in_each_grouping_cards_are_written_in(card):
+    assert luhn_valid(_digits(card))
+    for text in (card, f"refund to {card}", f"paid 2024 {card}", f"card {card}, exp 12/27"):
+        assert "card number" in secret_in_text(text), text
+        with pytest.raises(IntentError, match="card number"):
+            intent_validate(action="mail.send", payload={**MAIL, "params": {"note": text}})

@@ -157,3 +157,10 @@ def luhn_valid(digits: str) -> bool:
         n = int(ch) * (2 if i % 2 else 1)
         total += n - 9 if n > 9 else n
     return total % 10 == 0
+
+
+def iban_valid(iban: str) -> bool:
+    """Whether `iban` (spaces allowed) passes ISO 13616's mod-97 check."""
+    compact = iban.replace(" ", "")
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(ch, 36)) for ch in rearranged)) % 97 == 1

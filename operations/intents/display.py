@@ -14,6 +14,7 @@ from operations.currencies import currency_exponent, currency_known
 from operations.intents.validation import (
     DEAL_PATCH_FIELDS,
     EMAIL_ADDRESS,
+    IBAN_PATTERN,
     NUMBER_SEPARATORS,
     SCHEMAS,
     TYPED_NUMBERS,
@@ -151,13 +152,11 @@ def mask_inline(text: str) -> str:
 # is long enough to be an account or phone number: ten digits or more, brackets allowed
 # between groups as phone numbers are written. Matched first and kept: a date, with or
 # without its time, so "2026-12-03 10:00" is not read as one number. An IBAN is masked
-# however long: written whole, or in groups of four with one space between (and a shorter
-# last one), so a sum or a word after it is not taken in.
+# however long, whether its check digits hold or not.
 _DATE = r"\d{4}-\d{2}-\d{2}|\d{1,2}[./]\d{1,2}[./]\d{4}"
-_IBAN = r"[A-Z]{2}\d{2}(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)"
 _PERSON_TEXT_NUMBERS = re.compile(
     rf"(?P<date>(?<!\w)(?:{_DATE})(?:[ T]\d{{1,2}}:\d{{2}}(?::\d{{2}})?)?)"
-    rf"|(?P<iban>(?<!\w){_IBAN}(?!\w))"
+    rf"|(?P<iban>(?<!\w){IBAN_PATTERN}(?!\w))"
     rf"|(?P<digits>(?<!\w)\d(?:[\d{NUMBER_SEPARATORS}()]*\d)?(?!\w))"
 )
 _PERSON_TEXT_DIGITS = 10

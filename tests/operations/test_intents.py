@@ -26,7 +26,7 @@ from operations.intents import (
 from operations.intents.validation import FORMAT_CHARACTERS
 from operations.models import Operation
 from operations.policy import policy_for
-from tests.helpers import luhn_valid
+from tests.helpers import iban_valid, luhn_valid
 
 PAYMENT = {"invoice_id": "inv_9182", "beneficiary_id": "vendor_778812345",
            "amount_minor": 1250000, "currency": "KZT"}
@@ -1066,3 +1066,26 @@ def test_it_refuses_a_card_number_in_each_grouping_cards_are_written_in(card):
         assert "card number" in secret_in_text(text), text
         with pytest.raises(IntentError, match="card number"):
             intent_validate(action="mail.send", payload={**MAIL, "params": {"note": text}})
+
+
+@pytest.mark.parametrize(
+    ("iban", "written"),
+    [
+        # Valid IBANs (ISO 13616 mod-97) whose digits, read as a card's groups, pass Luhn:
+        # grouped as banks print them, and whole.
+        ("DE55 3704 0044 6792 9081 00", "pay to IBAN {} by Friday"),
+        ("GB83WEST16761222029729", "pay to IBAN {} by Friday"),
+        # Followed by a number that its groups of four take in.
+        ("BE70 8843 7037 4244", "IBAN {} 2026 invoices"),
+    ],
+)
+def test_it_accepts_an_iban_whose_digits_happen_to_pass_luhn(iban, written):
+    assert iban_valid(iban)
+    assert secret_in_text(written.format(iban)) == ""
+    intent_validate(action="payments.create", payload={**PAYMENT, "beneficiary_id": iban})
+    intent_validate(action="mail.send", payload={**MAIL, "params": {"note": written.format(iban)}})
+    # Set aside for its check digits, not its shape: the same digits under check digits that
+    # fail are card data as before.
+    broken = f"{iban[:2]}{(int(iban[2:4]) + 1) % 100:02d}{iban[4:]}"
+    assert not iban_valid(broken)
+    assert "card number" in secret_in_text(written.format(broken))

@@ -140,7 +140,9 @@ def _emails_masked(text: str) -> str:
 
 
 def mask_inline(text: str) -> str:
-    """Text a person must read (a deal's name), with what is personal in it masked."""
+    """Text that names something (a key, a payee, a state's field), with what is personal
+    in it masked where it stands: an address, and any run of six digits or more. A deal's
+    name is read as a person's words are (mask_person_text)."""
     return _EMBEDDED_DIGITS.sub(
         lambda m: mask_digits(m.group()) if sum(c.isdigit() for c in m.group()) >= 6
         else m.group(),
@@ -207,8 +209,8 @@ def words_given_back(text: str) -> str:
 
 
 def _mask_value(value: Any, how: str) -> str:
-    if how == "inline":
-        return mask_inline(str(value))
+    if how == "person_text":
+        return mask_person_text(str(value))
     if how == "email":
         return mask_email(str(value)) if EMAIL_ADDRESS.match(str(value)) else mask_text(str(value))
     if how == "reference":
@@ -255,7 +257,7 @@ def _nested(value: Any, *, masked: bool, mask_plain_text: bool = False) -> str:
 
 def _key(key: str, *, masked: bool) -> str:
     """A key can hold what a value can (an address, an account or phone number): masked
-    where it stands, as inside a deal's name."""
+    where it stands."""
     return mask_inline(key) if masked else key
 
 
@@ -364,7 +366,7 @@ def intent_summary(*, action: str, payload: Mapping[str, Any], unmasked: bool = 
         )
     if action == Action.CRM_CREATE_DEAL:
         return (
-            f"Create deal “{shown(p['name'], mask_inline)}” worth "
+            f"Create deal “{shown(p['name'], mask_person_text)}” worth "
             f"{money_format(p['amount_minor'], p['currency'])}"
         )
     if action == Action.CRM_UPDATE_DEAL:

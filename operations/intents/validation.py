@@ -24,7 +24,7 @@ class Field:
     name: str
     kind: type | tuple[type, ...]
     label: str
-    mask: str = ""  # "", "email", "reference", "params", "patch", "inline"
+    mask: str = ""  # "", "email", "reference", "params", "patch", "person_text"
     minimum: int | None = None
 
 
@@ -84,7 +84,8 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("currency", str, "Currency"),
     ),
     Action.CRM_CREATE_DEAL: (
-        Field("name", str, "Deal name", mask="inline"),
+        # Named by a person, and read as a person's words are: a date in it stays readable.
+        Field("name", str, "Deal name", mask="person_text"),
         Field("amount_minor", int, "Amount", minimum=0),
         Field("currency", str, "Currency"),
         Field("owner", str, "Owner", mask="email"),

@@ -1089,3 +1089,25 @@ def test_it_accepts_an_iban_whose_digits_happen_to_pass_luhn(iban, written):
     broken = f"{iban[:2]}{(int(iban[2:4]) + 1) % 100:02d}{iban[4:]}"
     assert not iban_valid(broken)
     assert "card number" in secret_in_text(written.format(broken))
+
+
+def test_it_masks_a_deal_name_by_the_rule_for_a_persons_words():
+    # A date stays readable and a short reference whole; a phone number written with
+    # brackets, ten digits or more, and an address are masked, wherever the name is shown.
+    name = "Renewal 2026-12-03 for PO 450012, call +7 (701) 234-56-78 or anna@example.com"
+    shown = "Renewal 2026-12-03 for PO 450012, call +••••6-78 or a***@example.com"
+    deal = {**DEAL, "name": name}
+    rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
+    assert rows["name"] == shown
+    assert f"“{shown}”" in intent_summary(action="crm.create_deal", payload=deal)
+    change = {**DEAL_CHANGE, "patch": {"name": name}}
+    assert f"name → {shown}" in intent_summary(action="crm.update_deal", payload=change)
+    diff = intent_diff(action="crm.create_deal", old_payload=DEAL, new_payload=deal)
+    assert [(d.label, d.old, d.new) for d in diff] == [("Deal name", "Renewal", shown)]
+    unmasked = {r.name: r.value for r in intent_rows(
+        action="crm.create_deal", payload=deal, unmasked=True)}
+    assert unmasked["name"] == name
+    # An IBAN, as in a person's words, is cut to its last four whole.
+    deal = {**DEAL, "name": "Payout to GB83WEST16761222029729"}
+    rows = {r.name: r.value for r in intent_rows(action="crm.create_deal", payload=deal)}
+    assert rows["name"] == "Payout to ••••9729"

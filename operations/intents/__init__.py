@@ -40,6 +40,7 @@ from operations.intents.validation import (
     intent_canonical,
     intent_validate,
     secret_in_text,
+    secret_may_be_in,
     secrets_marked,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "payload_fingerprint",
     "payload_hashes_fingerprinted",
     "secret_in_text",
+    "secret_may_be_in",
     "secrets_marked",
     "state_fingerprint",
     "words_given_back",

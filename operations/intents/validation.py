@@ -412,6 +412,14 @@ def secret_in_text(text: str) -> str:
     return f"{what}; secrets never enter the journal" if what else ""
 
 
+def secret_may_be_in(text: str) -> bool:
+    """Whether text that is repeated or kept rather than typed by a person (a refusal
+    repeating what was passed, a provider's error) might hold card data or a secret: the
+    card rule at its widest (_digits_join_into_card_number), since holding such text back
+    only costs the words, where refusing a person's by it refused every tenth invoice id."""
+    return bool(_looks_like(text)) or _digits_join_into_card_number(text)
+
+
 def secrets_marked(text: str, mark: str) -> str:
     """Text not of a person's own words (a provider's answer, a library's error), with each
     secret secret_in_text would find replaced by `mark` where it stands: the rest of it

@@ -58,10 +58,10 @@ _CREDENTIAL_MIN_LENGTH = 8
 def credentials_marked(text: str) -> str:
     """Text from a transport exception or a provider's answer as the journal may keep it: each
     configured credential, as it is or escaped as an exception repeats it, replaced by
-    CREDENTIAL_MARK, and any other secret secret_in_text finds by "[secret]". Text that would
+    CREDENTIAL_MARK, and any other secret the journal refuses by "[secret]". Text that would
     still hold card data or a secret is not kept at all."""
     # Here, not at the top: settings import the adapters before the models can load.
-    from operations.intents.validation import secret_in_text, secrets_marked
+    from operations.intents.validation import secret_may_be_in, secrets_marked
 
     forms: set[str] = set()
     for name in CREDENTIAL_SETTINGS:
@@ -73,7 +73,7 @@ def credentials_marked(text: str) -> str:
         if len(form) >= _CREDENTIAL_MIN_LENGTH:
             text = text.replace(form, CREDENTIAL_MARK)
     text = secrets_marked(text, "[secret]")
-    if secret_in_text(text):
+    if secret_may_be_in(text):
         return "[not kept: the text looked like card data or a secret]"
     return text
 

@@ -1162,6 +1162,11 @@ def test_it_marks_the_configured_credentials_in_what_an_answer_or_a_transport_er
     jwt = "eyJhbGciOiJIUzI1.eyJzdWIiOiIx.SflKxwRJSMeK"
     assert credentials_marked(f"token {jwt}") == "token [secret]"
     assert "4242" not in credentials_marked("card 4242 4242 4242 4242 declined")
+    # A provider's words are not a person's: held back at the widest card rule, mixed marks
+    # between the groups included, where a person's are refused only at a card's shapes.
+    assert "1111" not in credentials_marked("card 4111 1111-1111 1111 declined")
+    assert credentials_marked("invoice INV-2025-0301-0007-1233 paid") == (
+        "invoice INV-2025-0301-0007-1233 paid")
 
 
 @pytest.mark.parametrize(

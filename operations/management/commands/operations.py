@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from operations.engine import EngineError, operation_execute, operation_prepare, operation_reconcile
-from operations.intents import IntentError, intent_summary, mask_person_text, secret_in_text
+from operations.intents import IntentError, intent_summary, mask_person_text, secret_may_be_in
 from operations.management.arguments import text_arguments_check
 from operations.models import Operation, OperationStatus, Run, Tenant
 from operations.services import audit_actor_from_shell, shell_person
@@ -44,7 +44,7 @@ def _typed(value: str) -> str:
     """What was typed where an id or a slug goes, as a refusal may repeat it. Refusals land
     in shells and CI logs, so a card number or a secret pasted there is described, never
     repeated, as intents name their keys."""
-    if secret_in_text(value):
+    if secret_may_be_in(value):
         return "<not repeated: looks like card data or a secret>"
     return repr(value)
 
@@ -131,7 +131,7 @@ class _OneLineErrors(CommandParser):
     def error(self, message: str) -> None:
         # argparse repeats what was typed ("unrecognized arguments: …") as it is: looked at
         # before it is escaped, which would part the groups of a card number.
-        if secret_in_text(message):
+        if secret_may_be_in(message):
             message = "an argument looks like card data or a secret (not repeated)"
         message = _printable(message)
         if self.called_from_command_line:

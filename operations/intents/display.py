@@ -43,12 +43,7 @@ def payload_fingerprint(payload_hash: str) -> str:
     The hash itself is an unkeyed sha256 over the canonical intent, every other field of
     which the masked page shows: an account cut to its last four digits is back within a
     million guesses of its hidden ones."""
-    if not payload_hash:
-        return ""
-    digest = salted_hmac(
-        "operations.payload_fingerprint", payload_hash, algorithm="sha256"
-    ).hexdigest()
-    return f"fp:{digest}"
+    return _keyed_fingerprint("operations.payload_fingerprint", payload_hash)
 
 
 def state_fingerprint(state_hash: str) -> str:
@@ -56,12 +51,13 @@ def state_fingerprint(state_hash: str) -> str:
     is, under a key of its own. The state is what the agent held at that node (the
     invoice, the payee it was about to pay), which the same page shows masked in the intent
     it led to: its unkeyed sha256 gives the hidden digits back to whoever guesses them."""
-    if not state_hash:
+    return _keyed_fingerprint("operations.state_fingerprint", state_hash)
+
+
+def _keyed_fingerprint(key_salt: str, value: str) -> str:
+    if not value:
         return ""
-    digest = salted_hmac(
-        "operations.state_fingerprint", state_hash, algorithm="sha256"
-    ).hexdigest()
-    return f"fp:{digest}"
+    return f"fp:{salted_hmac(key_salt, value, algorithm='sha256').hexdigest()}"
 
 
 def payload_hashes_fingerprinted(value: Any) -> Any:

@@ -20,7 +20,7 @@ from django.http import Http404
 
 from operations.intents import mask_inline
 from operations.models import Checkpoint, Operation, Run
-from operations.selectors import tenant_ids_for_user
+from operations.selectors import keyset_page_of_tenants, tenant_ids_for_user, tenants_for_user
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,26 @@ class RunFilters:
     parent: str = ""  # a run id: the runs replayed or branched from it
 
 
-def runs_for_user(user, *, filters: RunFilters) -> QuerySet[Run]:
-    qs = Run.objects.filter(tenant_id__in=tenant_ids_for_user(user))
+def runs_page_for_user(
+    user, *, filters: RunFilters, before: str | None, size: int
+) -> tuple[list[Run], str | None]:
+    """One page of the runs the user may see, newest first, and the cursor for the next
+    page (or None): each visible tenant's page through the (tenant, -id) index
+    (keyset_page_of_tenants), so a quiet tenant's runs are not found by walking back through
+    every newer run of a busy one."""
+    tenants = tenants_for_user(user)
     if filters.tenant:
-        qs = qs.filter(tenant__slug=filters.tenant)
+        # Resolved to its id, not joined by slug into the page's query (see the journal's).
+        tenants = tenants.filter(slug=filters.tenant)
+    return keyset_page_of_tenants(
+        _runs_filtered(filters), tenant_ids=list(tenants.values_list("id", flat=True)),
+        before=before, size=size,
+    )
+
+
+def _runs_filtered(filters: RunFilters) -> QuerySet[Run]:
+    """Runs of any tenant matching the filters but the tenant, as their rows are shown."""
+    qs = Run.objects.all()
     if filters.workflow:
         qs = qs.filter(workflow_name=filters.workflow)
     if filters.status:

@@ -22,7 +22,7 @@ from replays.selectors import (
     run_children,
     run_for_user,
     run_operations,
-    runs_for_user,
+    runs_page_for_user,
 )
 
 PAGE_SIZE = 50
@@ -33,9 +33,9 @@ def run_list(request: HttpRequest) -> HttpResponse:
     slugs = list(tenants_for_user(request.user).values_list("slug", flat=True))
     form = RunFilterForm(request.GET, tenant_slugs=slugs)
     if form.is_valid():
-        runs, next_cursor = keyset_page(
-            runs_for_user(request.user, filters=form.filters()),
-            before=form.cleaned_data.get("before"), size=PAGE_SIZE,
+        runs, next_cursor = runs_page_for_user(
+            request.user, filters=form.filters(), before=form.cleaned_data.get("before"),
+            size=PAGE_SIZE,
         )
     else:
         # A filter the user may not use (another tenant's slug) shows nothing, not everything.
@@ -98,9 +98,9 @@ def conversation_detail(
         conversation_id = form.cleaned_data["id"]
     # The newest page only: an agent that loops can leave thousands of runs in one
     # conversation. The run list, filtered by it, pages through the rest.
-    runs, next_cursor = keyset_page(
-        runs_for_user(request.user, filters=RunFilters(conversation=conversation_id)),
-        before=None, size=PAGE_SIZE,
+    runs, next_cursor = runs_page_for_user(
+        request.user, filters=RunFilters(conversation=conversation_id), before=None,
+        size=PAGE_SIZE,
     )
     if not runs:
         # A conversation exists only through its runs: none visible is not found, whether it

@@ -60,6 +60,10 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [
+            # The run list's pages, a tenant at a time (keyset_page_of_tenants).
+            models.Index(fields=["tenant", "-id"], name="run_tenant_id"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(status__in=RunStatus.values), name="run_status_valid"

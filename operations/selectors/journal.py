@@ -66,8 +66,9 @@ def keyset_page_of_tenants(
 ) -> tuple[list, str | None]:
     """keyset_page for rows of tenants with a (tenant, -id) index, newest first: each
     tenant's newest `size + 1` ids read through that index alone (see _TenantAmong), then
-    merged, then those rows fetched by primary key. What a page costs depends on how many
-    tenants the user sees, never on how many rows other tenants wrote since."""
+    merged, then those rows fetched by primary key through `qs` (with what it selects and
+    annotates). What a page costs depends on how many tenants the user sees, never on how
+    many rows other tenants wrote since."""
     if not tenant_ids:
         return [], None
     if before not in (None, ""):
@@ -82,9 +83,7 @@ def keyset_page_of_tenants(
         ids = list(newest[0])
     else:
         ids = list(newest[0].union(*newest[1:], all=True).order_by("-id")[: size + 1])
-    rows = list(
-        qs.model.objects.filter(id__in=ids).select_related("tenant").order_by("-id")
-    )
+    rows = list(qs.filter(id__in=ids).order_by("-id")) if ids else []
     next_cursor = rows[size - 1].id if len(rows) > size else None
     return rows[:size], next_cursor
 
@@ -100,7 +99,7 @@ def operations_journal_page(
         # from the planner which tenant it is, and a page of a quiet tenant is read off the
         # primary key through every newer operation of the others.
         tenants = tenants.filter(slug=filters.tenant)
-    qs = Operation.objects.all()
+    qs = Operation.objects.select_related("tenant")
     if filters.status:
         qs = qs.filter(status=filters.status)
     if filters.action:

@@ -660,3 +660,48 @@ def test_it_masks_an_address_or_account_in_a_launch_reason(lineage, auditor):
         html = signed_in(auditor).get(url).content.decode()
         assert "anna.smith@example.com" not in html and "40817810099910004312" not in html
         assert "a***@example.com asked to pay account ••••4312 instead" in html, url
+
+
+def _runs_at(tenant, moments) -> list[str]:
+    """Runs of `tenant` started at `moments`, with the time-sortable ids the runtime gives."""
+    from ulid import ULID
+
+    runs = [
+        Run(id=f"run_{ULID.from_datetime(moment)}", conversation_id="conv_01LOAD",
+            tenant=tenant, workflow_name="pay_invoices", workflow_version=1,
+            state_schema_version=1)
+        for moment in moments
+    ]
+    Run.objects.bulk_create(runs, batch_size=5_000)
+    return [run.id for run in runs]
+
+
+@pytest.mark.django_db
+def test_it_reads_a_page_of_runs_not_every_newer_run_of_another_tenant(
+    acme, globex, operator
+):
+    """acme's runs are two hours old; globex, which the operator may not see, started a
+    run every 3 ms since. Ordered by id alone, the page was read off the primary key back
+    through every globex run first; each tenant's page now comes off (tenant, -id)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.helpers import plan_rows_read, queries_run
+
+    now = timezone.now()
+    _runs_at(globex, [now - timedelta(milliseconds=3 * i) for i in range(20_000)])
+    mine = _runs_at(acme, [now - timedelta(hours=2, seconds=i) for i in range(2_000)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE operations_run")
+    client = signed_in(operator)
+
+    for params in ({}, {"tenant": "acme"}):
+        with queries_run() as seen:
+            html = client.get("/runs/", params).content.decode()
+        shown = re.findall(r'<code>(run_\w+)</code>', html)
+        assert shown == mine[:PAGE_SIZE], params
+        read = sum(plan_rows_read(sql, sql_params, "operations_run")
+                   for sql, sql_params in seen if '"operations_run"' in sql)
+        # 51 runs answer the page, and each shown run's parent is looked up: not 20,000.
+        assert read <= 500, f"{read} runs read for one page ({params})"

@@ -300,6 +300,40 @@ def test_it_reads_a_page_not_the_whole_trail_when_filtered_by_object_or_person(
 
 
 @pytest.mark.django_db
+def test_it_reads_a_page_not_every_newer_event_of_a_tenant_the_auditor_may_not_see(
+    acme, globex, auditor
+):
+    """acme's trail is quiet; globex's, which the auditor may not read, has 20,000 newer
+    events. The journal's and the run list's pages were read off the primary key back
+    through every one of those in this case; the trail's must keep to its (tenant, -id)
+    index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO operations_auditevent (actor_id, actor_username, tenant_id, action,
+                object_type, object_id, reason, before, after, created_at)
+            SELECT NULL, '', %s, 'operation.prepare', 'operation', 'op_acme_' || g, '',
+                   NULL, '{}'::jsonb, now() - interval '2 hours'
+            FROM generate_series(1, 2000) g
+            """,
+            [acme.id],
+        )
+    _busy_trail(globex, 20_000)
+    client = Client()
+    client.force_login(auditor)
+
+    with queries_run() as seen:
+        html = client.get("/audit/").content.decode()
+
+    assert all(f"op_acme_{g}<" in html for g in range(1951, 2001)) and "op_000" not in html
+    assert "op_acme_1950<" not in html
+    read = sum(plan_rows_read(sql, params, "operations_auditevent") for sql, params in seen
+               if sql.startswith("SELECT") and 'FROM "operations_auditevent"' in sql
+               and "DISTINCT" not in sql)
+    assert read <= 500, f"{read} audit events read for one page of acme's trail"
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("who", ["stranger", "approver", "operator"])
 def test_it_refuses_the_trail_to_those_without_the_audit_role(trail, who, request):
     client = Client()

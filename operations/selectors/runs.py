@@ -7,9 +7,9 @@ from functools import reduce
 from operator import or_
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 
-from operations.models import Attempt, Operation, OperationStatus, Run, WebhookEvent
+from operations.models import Operation, OperationStatus, Run, nothing_held_for_review
 
 S = OperationStatus
 
@@ -74,9 +74,8 @@ def command_effects_in_runs(
     effect, may have, or may yet. A replay prepares its nodes' commands again under new keys,
     which the provider dedups nothing against: approving one of those makes the effect a
     second time, and so does approving both of two still waiting. In the order of its
-    `run_ids`. Each is annotated `events_held` and `answers_held`: whether the provider
-    reported an effect of it that waits for a person (`held_reports`). One query for all of
-    them."""
+    `run_ids`. Each is annotated `nothing_held`: false when the provider reported an effect
+    of it that waits for a person (`held_reports`). One query for all of them."""
     asked = [op for op in ops if op.command_id and run_ids.get(op.id)]
     effects: dict[str, list[Operation]] = {op.id: [] for op in ops}
     if not asked:
@@ -86,17 +85,8 @@ def command_effects_in_runs(
             Q(tenant_id=op.tenant_id, run_id__in=run_ids[op.id], command_id=op.command_id)
             for op in asked
         )))
-        .annotate(
-            events_held=Exists(
-                WebhookEvent.objects.held_for_review().filter(operation_id=OuterRef("pk"))
-            ),
-            answers_held=Exists(
-                Attempt.objects.held_for_review().filter(operation_id=OuterRef("pk"))
-            ),
-        )
-        .filter(
-            ~Q(status__in=_CLOSED_WITHOUT_EFFECT) | Q(events_held=True) | Q(answers_held=True)
-        )
+        .annotate(nothing_held=nothing_held_for_review())
+        .filter(~Q(status__in=_CLOSED_WITHOUT_EFFECT) | Q(nothing_held=False))
     )
     for op in asked:
         nearness = {run_id: n for n, run_id in enumerate(run_ids[op.id])}

@@ -98,6 +98,15 @@ class Run(models.Model):
     def __str__(self) -> str:
         return self.id
 
+    @property
+    def launcher_shown(self) -> str:
+        """Who launched it, as every page names them. A replay or a branch is a person's
+        decision: one whose launcher was not recorded is "no one named" (as the approval
+        card and the engine word it), never the agent, which only starts original runs."""
+        if self.launched_by_id:
+            return self.launched_by.get_username()
+        return "no one named" if self.parent_run_id else "agent"
+
 
 class InputClass(models.TextChoices):
     RECORDED_FACT = "recorded_fact", "Recorded fact"

@@ -476,9 +476,7 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
     """Return the payload if it is a valid intent for `action`, else raise IntentError."""
     if action not in SCHEMAS:
         # Repeated, as any name in a refusal, only when it holds no card data or secret.
-        named = (
-            "" if _looks_like(action) or _digits_join_into_card_number(action) else f" {action!r}"
-        )
+        named = "" if secret_may_be_in(action) else f" {action!r}"
         raise IntentError(f"unknown action{named}; known: {', '.join(sorted(SCHEMAS))}")
     if not isinstance(payload, Mapping):
         raise IntentError("payload must be a JSON object")

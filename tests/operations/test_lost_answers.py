@@ -31,7 +31,11 @@ from operations.sandbox.models import Deal, IdempotencyRecord, Message, PaymentI
 from operations.sandbox.selectors import sandbox_writes
 from operations.sandbox.services import sandbox_fault_set
 from tests.helpers import signed_in, updated_past_triggers, wait_for
-from tests.operations.engine_helpers import authorized_payment, died_mid_call
+from tests.operations.engine_helpers import (
+    authorized_payment,
+    died_mid_call,
+    stalled_before_recording,
+)
 from tests.operations.failure_helpers import executed_into_a_fault, lose_the_answer, payment_posts
 
 S = OperationStatus
@@ -714,6 +718,51 @@ def test_it_keeps_an_event_recorded_while_a_lookup_was_out_over_the_lookups_empt
     assert (op.status, op.external_id) == (S.ACCEPTED, "pi_under_way")
     assert op.next_reconcile_at is not None and op.provider_calls == calls_before
     assert report.outcome == "stale"
+    noted = op.evidence.order_by("-id").first()
+    assert (noted.kind, noted.from_status, noted.to_status) == ("lookup", S.ACCEPTED, S.ACCEPTED)
+    assert "overtaken" in noted.summary
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_a_late_call_answer_recorded_while_a_lookup_was_out_over_the_lookups_empty_answer(
+    acme, approver, providers, settings, monkeypatch
+):
+    """Worker A's call makes a `processing` payment; A freezes with the answer until past its
+    lease, so a reconcile takes the operation to unknown and searches by operation id. A's
+    answer lands while the search is out (late, over the expired lease: accepted on the
+    payment); the search, trailing the provider's writes, answers empty. As with an event,
+    that absence was read before the fact: the operation stays accepted on A's payment,
+    looked up again by its id, and nothing is sent a second time."""
+    settings.OPERATION_LEASE_SECONDS = 1
+    settings.PROVIDER_TIMEOUT_SECONDS = 1
+    op = authorized_payment(acme, approver)
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = op.payload["amount_minor"]
+    a, go = stalled_before_recording(op, monkeypatch, worker="A")
+    adapter = core.adapter(op.action)
+    searched_with = []
+
+    def search_overtaken_by_the_late_answer(snapshot):
+        searched_with.append((Operation.objects.get(id=op.id).status, snapshot.external_id))
+        go.set()
+        assert a.join().outcome == "called"
+        return LookupResult(outcome=LookupOutcome.ABSENT,
+                            reason="no payment carries this operation id")
+
+    monkeypatch.setattr(adapter, "lookup", search_overtaken_by_the_late_answer)
+
+    report = engine.operation_reconcile(operation_id=op.id)
+
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert intent.status == "processing"
+    assert searched_with == [(S.UNKNOWN, "")]
+    assert (op.status, op.external_id) == (S.ACCEPTED, intent.id)
+    assert op.next_reconcile_at is not None and op.provider_calls == 1
+    assert len(payment_posts(op)) == 1
+    assert report.outcome == "stale"
+    late = op.evidence.get(kind="call_result")
+    assert (late.from_status, late.to_status) == (S.UNKNOWN, S.ACCEPTED)
+    assert "arrived late" in late.summary
     noted = op.evidence.order_by("-id").first()
     assert (noted.kind, noted.from_status, noted.to_status) == ("lookup", S.ACCEPTED, S.ACCEPTED)
     assert "overtaken" in noted.summary

@@ -14,7 +14,7 @@ from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval, ApprovalStatus
 from operations.engine import run_mode_problem
-from operations.models import Operation, Run
+from operations.models import Operation, Run, RunMode
 from operations.policy import policy_version_current
 from operations.selectors import run_ancestors, tenant_access_require, tenant_ids_for_user
 
@@ -48,16 +48,41 @@ def approval_policy_moved_to(approval: Approval) -> str:
         current} else ""
 
 
-def approval_run_mode_problem(approval: Approval) -> str:
+def approval_run_mode_problem(
+    approval: Approval, *, launchers_allowed: set[tuple[int, int]] | None = None
+) -> str:
     """Why the engine would never call this intent, its run's mode forbidding it (a live
     replay whose launcher has since lost replay_live_irreversible): approving it would be
-    refused, as for a policy that moved on. Empty while the mode allows the call."""
+    refused, as for a policy that moved on. Empty while the mode allows the call.
+    `launchers_allowed`: live_launchers_allowed of the page this card is on."""
     op = approval.operation
-    problem = run_mode_problem(run=op.run, action=op.action)
+    launcher_may = None
+    if launchers_allowed is not None and op.run is not None:
+        launcher_may = (op.run.launched_by_id, op.run.tenant_id) in launchers_allowed
+    problem = run_mode_problem(run=op.run, action=op.action, launcher_may=launcher_may)
     if problem and op.run.tenant_id != op.tenant_id:
         # Its run is named only within its tenant (operation_lineage).
         return "its run's mode forbids the call"
     return problem
+
+
+def live_launchers_allowed(approvals: Iterable[Approval]) -> set[tuple[int, int]]:
+    """(launcher id, tenant id) of the pending requests' live replays whose launcher holds
+    replay_live_irreversible on that tenant: a query per launcher for a whole page, where
+    each card read its own launcher's grants (a live replay asks again every payment of the
+    run it repeats, a page of cards with one launcher)."""
+    launchers = {
+        approval.operation.run.launched_by_id: approval.operation.run.launched_by
+        for approval in approvals
+        if approval.is_pending and approval.operation.run is not None
+        and approval.operation.run.mode == RunMode.LIVE
+        and approval.operation.run.launched_by is not None
+    }
+    return {
+        (launcher_id, tenant_id)
+        for launcher_id, launcher in launchers.items()
+        for tenant_id in tenant_ids_for_user(launcher, "replay_live_irreversible")
+    }
 
 
 def approval_replaced_by(approval: Approval) -> tuple[Approval | None, Operation | None]:

@@ -26,6 +26,7 @@ from approvals.selectors import (
     approvals_of_operation,
     approvals_queue_page,
     last_approved_ancestors,
+    live_launchers_allowed,
 )
 from approvals.services import (
     ApprovalRefused,
@@ -82,9 +83,11 @@ def _derivations(approvals: list[Approval]) -> dict[str, Derivation]:
 def _card(
     approval: Approval, *, user, unmasked: bool, can_decide: bool,
     derivation: Derivation | None = None, last_approved: dict[str, Operation] | None = None,
+    launchers_allowed: set[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """`derivation` and `last_approved` (by operation id, as last_approved_ancestors reads
-    them): this card's among those the caller read for a whole page."""
+    """`derivation`, `last_approved` (by operation id, as last_approved_ancestors reads
+    them) and `launchers_allowed` (live_launchers_allowed): this card's among those the
+    caller read for a whole page."""
     op = approval.operation
     if derivation is None:
         derivation = _derivations([approval])[op.id]
@@ -150,7 +153,9 @@ def _card(
         # which tells the agent why.
         "policy_in_force": approval_policy_moved_to(approval) if approval.is_pending else "",
         # Likewise when the engine would never make the call, the run's mode forbidding it.
-        "run_mode_problem": approval_run_mode_problem(approval) if approval.is_pending else "",
+        "run_mode_problem": approval_run_mode_problem(
+            approval, launchers_allowed=launchers_allowed
+        ) if approval.is_pending else "",
         # Four eyes: approving would be refused; the card says who must, and keeps Reject.
         "own_intent": approval_is_own_intent(approval, user),
         "error": "",
@@ -165,10 +170,12 @@ def _cards(user, approvals: list[Approval]) -> list[dict[str, Any]]:
     deciding_ids = set(tenants_for_user(user, "approve_intents").values_list("id", flat=True))
     derivations = _derivations(approvals)
     last_approved = last_approved_ancestors(approval.operation for approval in approvals)
+    launchers_allowed = live_launchers_allowed(approvals)
     return [
         _card(approval, user=user, unmasked=False,
               can_decide=approval.operation.tenant_id in deciding_ids,
-              derivation=derivations[approval.operation_id], last_approved=last_approved)
+              derivation=derivations[approval.operation_id], last_approved=last_approved,
+              launchers_allowed=launchers_allowed)
         for approval in approvals
     ]
 

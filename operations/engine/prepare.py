@@ -302,12 +302,16 @@ def operation_authorize(
     return op
 
 
-def run_mode_problem(*, run: Run | None, action: str) -> str:
+def run_mode_problem(
+    *, run: Run | None, action: str, launcher_may: bool | None = None
+) -> str:
     """Why the run's mode forbids calling `action` (empty when it allows it). A replay's
     runtime prepares its nodes' commands again in the new run, under new keys that the
     provider dedups nothing against: what the original run already paid would be paid twice.
     So an evidence replay calls nothing, a simulation only this console's sandbox, and a live
-    replay makes irreversible effects only when whoever launched it may."""
+    replay makes irreversible effects only when whoever launched it may. `launcher_may`:
+    whether the launcher holds replay_live_irreversible on the run's tenant, when the caller
+    read it for a whole page of runs at once; read here when None."""
     if run is None or run.mode in (RunMode.ORIGINAL, RunMode.BRANCH):
         return ""
     if run.mode == RunMode.EVIDENCE:
@@ -322,8 +326,11 @@ def run_mode_problem(*, run: Run | None, action: str) -> str:
     if adapter.contract.effect_class != EffectClass.IRREVERSIBLE:
         return ""
     launcher = run.launched_by
-    if launcher is not None and tenant_perm_held(launcher, "replay_live_irreversible",
-                                                 run.tenant):
+    if launcher_may is None:
+        launcher_may = launcher is not None and tenant_perm_held(
+            launcher, "replay_live_irreversible", run.tenant
+        )
+    if launcher is not None and launcher_may:
         return ""
     who = launcher.get_username() if launcher is not None else "no one named"
     return (f"run {run.id} is a live replay launched by {who}, who may not make an "

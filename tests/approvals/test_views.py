@@ -1267,3 +1267,46 @@ def test_it_reads_the_lineage_of_derived_intents_in_the_same_queries_for_any_pag
             assert f'href="/operations/{earlier_id}/"' in html
     assert counts[0] == counts[1] == counts[2], counts
     assert html.count("This command is also in a run this one derives from") == 3
+
+
+def test_it_checks_a_live_replays_launcher_once_for_a_page_of_its_cards(
+    acme, approver, admin_user, prepare_payment
+):
+    """A live replay asks again every payment of the run it repeats, each a pending card
+    whose run's mode is checked (may its launcher still make an irreversible effect?): the
+    check read the launcher's grants once per card, a query more for every card."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from operations.models import RunMode
+    from tests.factories import CheckpointFactory, RunFactory
+
+    original = RunFactory(tenant=acme)
+    replay = RunFactory(derived_from=CheckpointFactory(run=original), mode=RunMode.LIVE,
+                        launched_by=admin_user)
+    client = signed_in(approver)
+
+    def queue() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(reverse("approvals:queue"))
+        assert response.status_code == 200
+        return len(queries), response.content.decode()
+
+    prepare_payment(acme, run=replay, command_id="cmd_pay_0", invoice_id="inv_0")
+    queue()  # per-process caches
+    counts = []
+    for n in range(1, 4):
+        prepare_payment(acme, run=replay, command_id=f"cmd_pay_{n}", invoice_id=f"inv_{n}")
+        count, html = queue()
+        counts.append(count)
+    assert counts[0] == counts[1] == counts[2], counts
+    # Every card is still one an approver may approve: its launcher may make the payment.
+    assert html.count("may not make an irreversible effect") == 0
+    assert html.count(f'href="/runs/{replay.id}/"') >= 4
+
+    # Once the launcher may not, every card says so, read as anew for every page.
+    from console.roles import role_revoke
+
+    role_revoke(user=admin_user, role="Admin", tenant=acme, reason="left the company")
+    count, html = queue()
+    assert html.count("may not make an irreversible effect") == 4

@@ -131,14 +131,17 @@ class DecisionForm(ReasonForm):
     queue for them to see."""
 
     # autocomplete off: a browser restoring form state on reload would send an old list.
+    # No length of its own: the page names every held event it showed, however many (capped
+    # at 2,000 characters, two hundred ten-digit ids refused every decision from the page).
+    # The request's size is bounded (DATA_UPLOAD_MAX_MEMORY_SIZE), each id by _ids_shown.
     held_shown = forms.CharField(
-        required=False, max_length=2000,
+        required=False,
         widget=forms.HiddenInput(attrs={"autocomplete": "off"}),
     )
 
     # The same for the call answers held for review (attempt ids).
     held_answers_shown = forms.CharField(
-        required=False, max_length=2000,
+        required=False,
         widget=forms.HiddenInput(attrs={"autocomplete": "off"}),
     )
 

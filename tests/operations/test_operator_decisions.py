@@ -112,6 +112,38 @@ def test_it_answers_only_the_held_events_the_page_showed(acme_unknown, operator,
 
 
 @pytest.mark.django_db
+def test_it_takes_a_decision_from_a_page_showing_hundreds_of_held_events(
+    acme_unknown, operator
+):
+    """The page names every held event it showed, by id, in a hidden field the form capped
+    at 2,000 characters: with two hundred events of a busy install's ten-digit ids, every
+    dispute and resolution from the page was refused, and no one could answer them."""
+    op = acme_unknown
+    operation_resolve(operation_id=op.id, actor=operator, outcome="failed",
+                      evidence_text="bank statement shows no debit", reason="checked")
+    WebhookEvent.objects.bulk_create(
+        WebhookEvent(id=10**10 + n, provider="payments", event_id=f"evt_{n}",
+                     event_type="payment_intent.succeeded", operation=op,
+                     external_id=f"pi_{n}", reported_status="succeeded", needs_review=True)
+        for n in range(200)
+    )
+    client = signed_in(operator)
+    page = client.get(f"/operations/{op.id}/").content.decode()
+    shown = re.search(r'name="dispute-held_shown" value="([^"]*)"', page).group(1)
+    assert len(shown.split()) == 200
+
+    response = client.post(f"/operations/{op.id}/dispute", {
+        "dispute-reason": "treasury checks the debits", "dispute-held_shown": shown})
+
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert op.status == "disputed"
+    assert not WebhookEvent.objects.held_for_review().filter(operation=op).exists()
+    decision = op.evidence.filter(kind="manual").last()
+    assert len(decision.data["reviewed_events"]) == 200
+
+
+@pytest.mark.django_db
 def test_it_refuses_a_decision_from_a_page_whose_held_events_do_not_parse(
     acme_unknown, operator
 ):

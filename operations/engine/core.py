@@ -38,7 +38,11 @@ from operations.providers.base import (
     OperationSnapshot,
     ProviderAdapter,
 )
-from operations.providers.transport import LOOKUP_RETRY_AFTER, REACHED_NO_ACCOUNT
+from operations.providers.transport import (
+    LOOKUP_RETRY_AFTER,
+    LOOKUP_RETRY_MAX,
+    REACHED_NO_ACCOUNT,
+)
 from operations.selectors import tenant_perm_held
 from operations.services import audit_event_record
 
@@ -116,10 +120,20 @@ def execute_recheck_at(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.EXECUTE_RECHECK_SECONDS)
 
 
-def accepted_recheck_at(now: datetime) -> datetime:
-    """When an accepted operation (the provider's final answer still pending) is looked up
-    next, if no webhook settles it first."""
-    return now + timedelta(seconds=settings.ACCEPTED_RECONCILE_SECONDS)
+def accepted_recheck_wait(*, accepted_since: datetime | None, now: datetime) -> timedelta:
+    """How long an accepted operation (the provider's final answer still pending) waits for
+    its next lookup, if no webhook settles it first: ACCEPTED_RECONCILE_SECONDS, then as long
+    as it has been accepted, up to LOOKUP_RETRY_MAX. A card payment settles in seconds; a bank
+    debit stays `processing` for days, and looked up every two minutes it cost the provider
+    two thousand requests and its page as many timeline rows; now some three hundred."""
+    wait = timedelta(seconds=settings.ACCEPTED_RECONCILE_SECONDS)
+    if accepted_since is not None:
+        wait = max(wait, min(now - accepted_since, LOOKUP_RETRY_MAX))
+    return wait
+
+
+def accepted_recheck_at(now: datetime, *, accepted_since: datetime | None = None) -> datetime:
+    return now + accepted_recheck_wait(accepted_since=accepted_since, now=now)
 
 
 def lease_expired(op: Operation) -> bool:

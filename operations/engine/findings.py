@@ -19,6 +19,7 @@ from operations.engine.core import (
     SEVERAL_MATCHES,
     S,
     accepted_recheck_at,
+    accepted_recheck_wait,
     lookup_attempt_fields,
     lookup_data,
     outcome_open,
@@ -140,7 +141,8 @@ def _found_record(
             op, calls_before=calls_before,
             summary=f"provider still reports {found.status} for {found.external_id}",
             data=data, actor=actor,
-            next_reconcile_at=accepted_recheck_at(now),  # only accepted stays put
+            # Only accepted stays put; status_changed_at is when it became so.
+            next_reconcile_at=accepted_recheck_at(now, accepted_since=op.status_changed_at),
             # The provider answers again: any earlier failing lookups are behind us.
             fields={"lookups_failing_since": None},
         )
@@ -360,7 +362,7 @@ def _lookup_retry_wait(
     time failing, from the adapter's own (LOOKUP_RETRY_AFTER, or a provider's longer
     Retry-After) to at most LOOKUP_RETRY_MAX: an outage costs a few lookups an hour per
     operation, not two a minute for as long as it lasts. An accepted effect is never looked
-    up more often than while the provider answers (ACCEPTED_RECONCILE_SECONDS)."""
+    up more often than while the provider answers (accepted_recheck_wait)."""
     if not found.retry_after:
         return None
     wait = found.retry_after
@@ -369,7 +371,7 @@ def _lookup_retry_wait(
         failing = now - since if since is not None else timedelta(0)
         wait = max(wait, min(failing, LOOKUP_RETRY_MAX))
     if op.status == S.ACCEPTED:
-        wait = max(wait, timedelta(seconds=settings.ACCEPTED_RECONCILE_SECONDS))
+        wait = max(wait, accepted_recheck_wait(accepted_since=op.status_changed_at, now=now))
     return wait
 
 

@@ -486,12 +486,41 @@ def test_it_looks_up_an_accepted_payment_no_more_often_while_the_provider_fails(
     assert 600 <= wait < 600 + 5  # as long as the provider asked, and no longer
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_looks_up_a_payment_processing_for_long_less_often_up_to_15_minutes_apart(
+    acme, approver, providers, settings, monkeypatch
+):
+    """A bank debit stays `processing` for days, and no webhook came: it was looked up every
+    ACCEPTED_RECONCILE_SECONDS for as long (two thousand lookups over three days, each an
+    attempt and an evidence row on its page). The wait now grows with the time accepted, up
+    to 15 minutes, so its settling is still found within a quarter of an hour."""
+    settings.ACCEPTED_RECONCILE_SECONDS = 120
+    op = authorized_payment(acme, approver)
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = op.payload["amount_minor"]
+    assert engine.operation_execute(operation_id=op.id).status == S.ACCEPTED
+    op.refresh_from_db()
+    clock = [op.next_reconcile_at]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])
+
+    gaps = _looked_up_for(op, clock, hours=3)
+
+    assert gaps[:4] == [120, 240, 480, 900] and set(gaps[3:]) == {900}
+    assert len(gaps) + 1 == 15  # every two minutes: 90
+    assert op.status == S.ACCEPTED and op.provider_calls == 1
+    assert PaymentIntent.objects.get().status == "processing"
+    assert len(payment_posts(op)) == 1
+    lookups = op.evidence.filter(kind="lookup")
+    assert lookups.count() == 15
+    assert all(lookup.summary.startswith("provider still reports accepted") for lookup in lookups)
+
+
 @pytest.mark.django_db
 def test_it_doubles_the_wait_between_an_accepted_payments_failing_lookups_up_to_15_minutes(
     acme, approver, maintenance_page, settings, monkeypatch
 ):
     """A wrong API base after a deploy fails every lookup, with no Retry-After: the wait
-    starts at the accepted schedule and grows with the time failing, up to 15 minutes, so
+    is never shorter than the accepted schedule (which grows with the time accepted, here
+    three minutes at the first lookup) and grows with the time failing, up to 15 minutes, so
     hours of it cost a few lookups an hour (and a person is shown it after the first)."""
     settings.ACCEPTED_RECONCILE_SECONDS = 120
     op = _accepted_and_due(acme, approver)
@@ -500,7 +529,7 @@ def test_it_doubles_the_wait_between_an_accepted_payments_failing_lookups_up_to_
 
     gaps = _looked_up_for(op, clock, hours=3)
 
-    assert gaps[:6] == [120, 120, 240, 480, 900, 900]
+    assert [round(gap) for gap in gaps[:6]] == [180, 360, 720, 900, 900, 900]
     assert set(gaps[4:]) == {900} and len(maintenance_page.requests) == len(gaps) + 1
     assert op.status == S.ACCEPTED and op.provider_calls == 1
 

@@ -70,6 +70,9 @@ _NAMES = {"name", "patch.name"}
 # is shown as an ordinary one on the approval card and in a diff, and a space at either end
 # is seen by no one: "vendor 77" and "vendor\u00a077" would be two payees that read alike.
 _ODD_SPACE = re.compile(r"[^\S ]")
+# A page shows ordinary spaces in a row as one (HTML collapses them, on the card and in a
+# diff alike): "Acme  Corp" would be paid as another payee than the "Acme Corp" it reads as.
+_SPACES_IN_A_ROW = "  "
 
 
 def _invisible_named(value: str, *, field: str = "") -> str:
@@ -549,6 +552,11 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
                 f"{action}: {name} holds a space other than an ordinary one "
                 f"(U+{ord(odd_space.group()):04X}) that would make two different values read "
                 "alike"
+            )
+        if _SPACES_IN_A_ROW in value:
+            raise IntentError(
+                f"{action}: {name} holds spaces in a row, which a page shows as one and "
+                "would make two different values read alike"
             )
         if value != value.strip(" "):
             raise IntentError(

@@ -906,9 +906,14 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
          "patch.owner begins or ends with a space"),
         ("crm.create_deal", {**DEAL, "name": "Renewal\u30002026"},
          "name holds a space other than an ordinary one (U+3000)"),
+        # A page shows spaces in a row as one: "Acme  Corp" reads as the payee "Acme Corp".
+        ("payments.create", {**PAYMENT, "beneficiary_id": "Acme  Corp"},
+         "beneficiary_id holds spaces in a row"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"stage": "closed   won"}},
+         "patch.stage holds spaces in a row"),
     ],
     ids=["nbsp", "narrow-nbsp", "line-separator", "trailing", "leading", "patch-owner",
-         "ideographic-space"],
+         "ideographic-space", "spaces-in-a-row", "patch-spaces-in-a-row"],
 )
 def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, said):
     with pytest.raises(IntentError, match=re.escape(said)):

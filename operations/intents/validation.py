@@ -73,6 +73,26 @@ _ODD_SPACE = re.compile(r"[^\S ]")
 # A page shows ordinary spaces in a row as one (HTML collapses them, on the card and in a
 # diff alike): "Acme  Corp" would be paid as another payee than the "Acme Corp" it reads as.
 _SPACES_IN_A_ROW = "  "
+# Latin, Cyrillic and Greek share letters that look alike (a, e, o, p, c, x in each): one
+# word mixing them reads as a word it is not, "v\u0435ndor_77" (a Cyrillic ie) as the payee
+# vendor_77, "ex\u0430mple.com" as the domain example.com. A word in one script is written,
+# not disguised (a Cyrillic domain, "TOO_Rakhat" with TOO in Cyrillic): only a mix inside a
+# word is refused.
+_LOOKALIKE_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK")
+_WORD = re.compile(r"[^\W\d_]+")
+
+
+def _scripts_mixed(value: str) -> str:
+    """The lookalike scripts one word of `value` mixes ("Latin and Cyrillic"), or ""."""
+    if value.isascii():
+        return ""
+    for word in _WORD.finditer(value):
+        # A letter's script is the first word of its Unicode name (CYRILLIC SMALL LETTER IE).
+        scripts = {unicodedata.name(ch, "").partition(" ")[0] for ch in word.group()}
+        mixed = [script for script in _LOOKALIKE_SCRIPTS if script in scripts]
+        if len(mixed) > 1:
+            return " and ".join(script.title() for script in mixed)
+    return ""
 
 
 def _invisible_named(value: str, *, field: str = "") -> str:
@@ -562,6 +582,12 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
             raise IntentError(
                 f"{action}: {name} begins or ends with a space that would make two different "
                 "values read alike"
+            )
+        mixed = _scripts_mixed(value)
+        if mixed:
+            raise IntentError(
+                f"{action}: {name} mixes {mixed} letters in one word, which would make two "
+                "different values read alike"
             )
         # "José" with its accent composed or written apart reads the same on the card, but
         # hashes, and names a payee at the provider, differently: one form only, the usual.

@@ -911,9 +911,20 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
          "beneficiary_id holds spaces in a row"),
         ("crm.update_deal", {**DEAL_CHANGE, "patch": {"stage": "closed   won"}},
          "patch.stage holds spaces in a row"),
+        # One word in letters of two scripts that share shapes: "v\u0435ndor_77" with a
+        # Cyrillic e reads as the payee vendor_77, "ex\u0430mple.com" as another domain.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "v\u0435ndor_77"},
+         "beneficiary_id mixes Latin and Cyrillic letters in one word"),
+        ("payments.create", {**PAYMENT, "invoice_id": "\u0399\u039dV_9182"},
+         "invoice_id mixes Latin and Greek letters in one word"),
+        ("mail.send", {**MAIL, "to": "anna@ex\u0430mple.com"},
+         "to mixes Latin and Cyrillic letters in one word"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "s\u0430m@acme.test"}},
+         "patch.owner mixes Latin and Cyrillic letters in one word"),
     ],
     ids=["nbsp", "narrow-nbsp", "line-separator", "trailing", "leading", "patch-owner",
-         "ideographic-space", "spaces-in-a-row", "patch-spaces-in-a-row"],
+         "ideographic-space", "spaces-in-a-row", "patch-spaces-in-a-row", "cyrillic-e",
+         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a"],
 )
 def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, said):
     with pytest.raises(IntentError, match=re.escape(said)):
@@ -923,6 +934,17 @@ def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, sa
 def test_it_keeps_ordinary_spaces_inside_a_one_line_field():
     payload = {**PAYMENT, "beneficiary_id": "Acme Corp LLP", "invoice_id": "INV 2026 0001"}
     assert intent_validate(action="payments.create", payload=payload) == payload
+
+
+@pytest.mark.parametrize(("action", "payload"), [
+    # A word in one script is written, not disguised: Cyrillic, or Latin beside it.
+    ("payments.create", {**PAYMENT, "beneficiary_id": "\u0422\u041e\u041e_Rakhat_77"}),
+    ("mail.send", {**MAIL, "to": "anna@\u043f\u043e\u0447\u0442\u0430.\u0440\u0444"}),
+    ("crm.create_deal", {**DEAL, "name": "\u0421\u0434\u0435\u043b\u043a\u0430 CRM-"
+                         "\u0441\u0438\u0441\u0442\u0435\u043c\u0430 5\u00b5m"}),
+])
+def test_it_keeps_words_each_in_one_script(action, payload):
+    assert intent_validate(action=action, payload=payload) == payload
 
 
 @pytest.mark.django_db

@@ -387,8 +387,11 @@ def transition(
             # A hold a person put on an unknown (or stuck) operation: its time to a known
             # outcome runs from when it went unknown, through the hold, to this resolution
             # (else the hardest cases, the ones a person settled, never reach the p95).
+            # The hold is the move into disputed: provider events and late answers kept on
+            # a disputed operation's timeline (disputed to disputed) carry no sample.
             hold = (
                 Evidence.objects.filter(operation_id=op.id, to_status=S.DISPUTED)
+                .exclude(from_status=S.DISPUTED)
                 .order_by("-id").values("data", "created_at").first()
             )
             if hold and "unknown_seconds" in hold["data"]:

@@ -21,8 +21,10 @@ from operations.engine import (
     operation_prepare,
     operation_reconcile,
     operation_resolve,
+    webhook_apply,
 )
 from operations.models import Attempt, Evidence, Operation, OperationStatus
+from operations.providers.base import WebhookFacts
 from operations.sandbox.models import PaymentIntent
 from operations.selectors import dashboard_metrics
 from tests.factories import CallAttemptFactory
@@ -69,6 +71,35 @@ def test_it_counts_the_time_to_reconcile_of_an_unknown_a_person_held_then_settle
 
     # Two operations went unknown and both are settled now: the slower took two hours.
     assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] > 3600
+
+
+def test_it_counts_the_time_to_reconcile_of_a_held_unknown_the_provider_reported_on_meanwhile(
+    acme, operator
+):
+    """Unknown for two hours, disputed, then the provider reports on it (kept on its
+    timeline, moving nothing), then resolved: still two hours to a known outcome. The
+    event's line on the timeline is no hold, and read as one the sample was dropped, so the
+    disputed cases the provider talks about most vanished from the p95."""
+    slow = make_unknown(prepared_payment(acme, invoice_id="inv_slow"), ago=timedelta(hours=2))
+    operation_dispute(operation_id=slow.id, actor=operator, reason="customer disputes")
+    webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_while_held", event_type="payment_intent.updated", operation_id=slow.id,
+        external_id="pi_held"))
+    assert Evidence.objects.filter(
+        operation_id=slow.id, from_status=OperationStatus.DISPUTED,
+        to_status=OperationStatus.DISPUTED,
+    ).count() == 1
+    operation_resolve(operation_id=slow.id, actor=operator, outcome="succeeded",
+                      evidence_text="the bank confirms one payment", reason="checked")
+
+    metrics = dashboard_metrics(operator)
+
+    assert metrics["reconcile_p50"] is not None and metrics["reconcile_p50"] > 7000
+    resolution = Evidence.objects.get(
+        operation_id=slow.id, from_status=OperationStatus.DISPUTED,
+        to_status=OperationStatus.SUCCEEDED,
+    )
+    assert 7000 < resolution.data["unknown_seconds"] < 7300
 
 
 def test_it_shows_none_waiting_and_no_time_to_reconcile_on_an_empty_journal(acme, operator):

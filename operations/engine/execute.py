@@ -184,8 +184,6 @@ def _operation_execute(
             data={"calls": op.provider_calls, "call_accounts": elsewhere, "account": account},
         )
 
-    now = timezone.now()
-    lease_expires_at = now + lease_duration()
     with transaction.atomic():
         # The row lock first, then the claim in a statement of its own: a provider event
         # delivery holds an event for review under this lock, writing the event, not this
@@ -193,6 +191,11 @@ def _operation_execute(
         # delivery, re-check only this row, and call on top of the effect just held (a
         # second payment). Started after the lock, it reads what the delivery held.
         Operation.objects.select_for_update().filter(id=op.id).values_list("id").first()
+        # The claim's moment is read once the lock is ours: read before it, an approval
+        # that ran out while this waited for the row would still pass the claim (and the
+        # lease would start back then).
+        now = timezone.now()
+        lease_expires_at = now + lease_duration()
         # The claim re-checks the authorization in the same statement, so an approval that
         # expires between the read above and here cannot slip through.
         claimed = Operation.objects.filter(

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import pytest
 from celery.app.task import Task
+from django.db import connection, transaction
 from django.utils import timezone
 
 from operations import engine, tasks
@@ -352,6 +353,50 @@ def test_it_does_not_call_when_the_authorization_lapses_between_its_check_and_th
     assert engine.operation_execute(operation_id=op.id).outcome == "cancelled"
     op.refresh_from_db()
     assert sandbox_counts()["requests"] == 0 and op.payload_hash == hash_before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_does_not_claim_on_an_authorization_that_ran_out_while_it_waited_for_the_row(
+    acme, approver, providers
+):
+    """Another transaction (a provider event's delivery) holds the operation's row while its
+    approval runs out: the claim, which waits for that lock, checks the authorization at its
+    own moment, not at the moment it began to wait. Checked on the older moment, it claimed:
+    an intent never called was counted as called and left unknown (a call that never went
+    out, a lookup, the operators' queue while the provider is down), not closed."""
+    op = authorized_payment(acme, approver)
+    expires_at = timezone.now() + timedelta(seconds=2)
+    Operation.objects.filter(id=op.id).update(authorization_expires_at=expires_at)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        with transaction.atomic():
+            Operation.objects.select_for_update().filter(id=op.id).values_list("id").first()
+            holding.set()
+            release.wait(timeout=20)
+
+    holder = Background(hold_the_row)
+    assert holding.wait(timeout=10)
+    call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
+
+    def claim_waits() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return cursor.fetchone()[0] > 0
+
+    wait_for(claim_waits, what="the claim to wait for the row")
+    time.sleep(max((expires_at - timezone.now()).total_seconds(), 0) + 0.2)
+    release.set()
+    holder.join()
+    report = call.join()
+
+    op.refresh_from_db()
+    assert report.outcome == "lost_claim" and op.status == S.NOT_STARTED
+    assert op.provider_calls == 0 and not op.attempts.exists()
+    assert len(payment_posts(op)) == 0 and PaymentIntent.objects.count() == 0
+    # The next delivery sees the lapse and closes it as never done.
+    assert engine.operation_execute(operation_id=op.id).outcome == "cancelled"
+    assert len(payment_posts(op)) == 0 and sandbox_counts()["requests"] == 0
 
 
 @pytest.mark.django_db(transaction=True)

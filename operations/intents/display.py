@@ -257,11 +257,27 @@ def _key(key: str, *, masked: bool) -> str:
     return mask_inline(key) if masked else key
 
 
+# Direction embeddings, overrides and isolates: a message's parameters may hold them (text
+# in Arabic or Hebrew), unlike the fields an approver compares. Shown as they are, one left
+# open in a key or a value reorders every parameter after it on the card, all of them one
+# line of text ("b: hello" read backwards); so the card names them where they stand.
+_DIRECTION_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
+def _directions_named(text: str) -> str:
+    return _DIRECTION_CONTROLS.sub(lambda found: f"⟨U+{ord(found.group()):04X}⟩", text)
+
+
 def _params(value: Mapping[str, Any], *, masked: bool) -> str:
     """Template parameters: free text about a person, masked whole unless asked."""
     return ", ".join(
-        f"{_key(k, masked=masked)}: {_param_value(value, k, masked=masked)}" for k in sorted(value)
+        f"{_param_key(k, masked=masked)}: {_param_value(value, k, masked=masked)}"
+        for k in sorted(value)
     )
+
+
+def _param_key(key: str, *, masked: bool) -> str:
+    return _directions_named(_key(key, masked=masked))
 
 
 def _patch(value: Mapping[str, Any], *, masked: bool) -> str:
@@ -291,7 +307,7 @@ _DEAL_FIELD_MASKS = {f.name: f.mask for f in SCHEMAS[Action.CRM_CREATE_DEAL]}
 
 def _param_value(params: Mapping[str, Any], name: str, *, masked: bool) -> str:
     """One template parameter, as _params shows it."""
-    return _nested(params[name], masked=masked, mask_plain_text=True)
+    return _directions_named(_nested(params[name], masked=masked, mask_plain_text=True))
 
 
 # One field of a deal change or of a message's parameters, as a person sees it.
@@ -487,7 +503,7 @@ def _keyed_diff(
     for name in sorted(set(old) | set(new)):
         old_shown = shown(old, name, masked=not unmasked) if name in old else "—"
         new_shown = shown(new, name, masked=not unmasked) if name in new else "—"
-        row_label = f"{label}: {_key(name, masked=not unmasked)}"
+        row_label = f"{label}: {_directions_named(_key(name, masked=not unmasked))}"
         if old.get(name, _ABSENT) == new.get(name, _ABSENT):
             # Unchanged, unless it reads otherwise: the same amount in a change that now
             # names another currency is another sum.

@@ -295,6 +295,37 @@ def test_it_masks_numbers_email_keys_and_addresses_inside_text():
     assert "account: 40817810099911" in unmasked_params  # laid out as the masked form
 
 
+def test_it_names_direction_controls_in_a_messages_parameters_where_they_stand():
+    """A message's parameters may hold direction controls (Arabic or Hebrew text). Shown
+    raw, an override left open in one reversed every parameter after it, all on one line of
+    the card ("b: hello" read backwards), and a key could read as another ("\u202eeman" as
+    "name"). Each is named where it stands, masked or not, and in a diff."""
+    mail = {"to": "anna@example.com", "template": "offer",
+            "params": {"\u202eeman": "Anna", "a": "\u202eX", "b": "hello",
+                       "c": "\u2067\u05e9\u05dc\u05d5\u05dd\u2069"}}
+    assert intent_validate(action="mail.send", payload=mail) == mail
+    controls = re.compile("[\u202a-\u202e\u2066-\u2069]")
+    for unmasked in (False, True):
+        shown = {r.name: r.value for r in intent_rows(
+            action="mail.send", payload=mail, unmasked=unmasked)}["params"]
+        assert not controls.search(shown)
+        assert "⟨U+202E⟩eman: " in shown
+        assert "⟨U+2067⟩" in shown and "⟨U+2069⟩" in shown
+    unmasked_shown = {r.name: r.value for r in intent_rows(
+        action="mail.send", payload=mail, unmasked=True)}["params"]
+    assert "a: ⟨U+202E⟩X, b: hello" in unmasked_shown
+    changed = {**mail, "params": {**mail["params"], "a": "\u202eY"}}
+    for unmasked in (False, True):
+        diff = intent_diff(action="mail.send", old_payload=mail, new_payload=changed,
+                           unmasked=unmasked)
+        assert diff and all(
+            not controls.search(part) for row in diff for part in (row.label, row.old, row.new)
+        )
+    rows = intent_diff(action="mail.send", old_payload=mail, new_payload={
+        **mail, "params": {"\u202ebus": "Offer"}}, unmasked=True)
+    assert "Template parameters: ⟨U+202E⟩bus" in [row.label for row in rows]
+
+
 def test_it_flags_a_change_hidden_by_the_mask():
     new = {**PAYMENT, "beneficiary_id": "vendor_990012345"}  # same last four as the old one
     diff = intent_diff(action="payments.create", old_payload=PAYMENT, new_payload=new)

@@ -86,7 +86,12 @@ def _scripts_mixed(value: str) -> str:
     """The lookalike scripts one word of `value` mixes ("Latin and Cyrillic"), or ""."""
     if value.isascii():
         return ""
-    for word in _WORD.finditer(value):
+    # Marks and format characters part no word on the page (the joiners a name may hold,
+    # a combining grapheme joiner or a variation selector are seen by no one): left in, they
+    # would cut "A\u200c\u0441\u200cme" into words of one script each.
+    shown = "".join(ch for ch in value if unicodedata.category(ch)[0] != "M"
+                    and unicodedata.category(ch) != "Cf")
+    for word in _WORD.finditer(shown):
         # A letter's script is the first word of its Unicode name (CYRILLIC SMALL LETTER IE).
         scripts = {unicodedata.name(ch, "").partition(" ")[0] for ch in word.group()}
         mixed = [script for script in _LOOKALIKE_SCRIPTS if script in scripts]

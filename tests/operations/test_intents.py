@@ -952,10 +952,19 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
          "to mixes Latin and Cyrillic letters in one word"),
         ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "s\u0430m@acme.test"}},
          "patch.owner mixes Latin and Cyrillic letters in one word"),
+        # A name may hold the zero-width (non-)joiner, which is seen by no one: around the
+        # Cyrillic letters it still makes one word on the page, "A\u0441me" read as Acme.
+        ("crm.create_deal", {**DEAL, "name": "A\u200c\u0441\u200cme renewal"},
+         "name mixes Latin and Cyrillic letters in one word"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"name": "V\u200d\u0435\u200dndor"}},
+         "patch.name mixes Latin and Cyrillic letters in one word"),
+        ("payments.create", {**PAYMENT, "beneficiary_id": "v\u034f\u0435\u034fndor_77"},
+         "beneficiary_id mixes Latin and Cyrillic letters in one word"),
     ],
     ids=["nbsp", "narrow-nbsp", "line-separator", "trailing", "leading", "patch-owner",
          "ideographic-space", "spaces-in-a-row", "patch-spaces-in-a-row", "cyrillic-e",
-         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a"],
+         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a", "name-zwnj-split",
+         "patch-name-zwj-split", "grapheme-joiner-split"],
 )
 def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, said):
     with pytest.raises(IntentError, match=re.escape(said)):

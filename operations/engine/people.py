@@ -110,11 +110,7 @@ def operation_resolve(
             # The provider took the effect and holds its object (an accepted payment still
             # processing, say): it may yet complete, and a failed intent may be replaced
             # under a new key, which would pay twice. Only the provider can show it failed.
-            raise TransitionRefused(
-                f"the provider holds {op.external_id} for {op.id}, which may still complete; "
-                "resolve as failed with that reference (its final state is looked up), or "
-                "mark it disputed."
-            )
+            raise _provider_holds(op)
     verified = _reference_verify(op, reference=reference, outcome=outcome) if reference else None
     if verified is not None and verified.problem:
         _reference_refusal_record(op, verified, actor=actor, facts={
@@ -157,12 +153,17 @@ def operation_resolve(
             extra=_resolution_condition(
                 seen_status_changed_at=seen_status_changed_at,
                 external_id=fields.get("external_id", ""),
+                words_alone_fail=outcome == S.FAILED and not reference,
             ),
             held_shown=held_shown,
             held_answers_shown=held_answers_shown,
         )
         if not won:
             op.refresh_from_db()
+            if op.status in sources and outcome == S.FAILED and not reference and (
+                op.external_id
+            ):
+                raise _provider_holds(op)
             if op.status in sources:
                 raise _moved_on(op)
             raise _unresolvable(op, outcome)
@@ -171,16 +172,32 @@ def operation_resolve(
     return op
 
 
-def _resolution_condition(*, seen_status_changed_at: datetime | None, external_id: str) -> Q:
+def _resolution_condition(
+    *, seen_status_changed_at: datetime | None, external_id: str, words_alone_fail: bool
+) -> Q:
     """What the resolution's UPDATE requires beyond its source statuses: the status the
     person saw, and, settled with a provider object, that the operation records no other
-    (one an event or a lookup recorded while the reference was being confirmed)."""
+    (one an event or a lookup recorded while the reference was being confirmed).
+
+    `words_alone_fail`: failed on evidence text alone, that it still records no provider
+    object. A lookup may record one without moving the status (a payment found waiting for
+    the customer's 3-D Secure stays unknown) after the check above read none."""
     condition = Q()
     if seen_status_changed_at is not None:
         condition &= Q(status_changed_at=seen_status_changed_at)
     if external_id:
         condition &= Q(external_id__in=["", external_id])
+    if words_alone_fail:
+        condition &= Q(external_id="")
     return condition
+
+
+def _provider_holds(op: Operation) -> TransitionRefused:
+    return TransitionRefused(
+        f"the provider holds {op.external_id} for {op.id}, which may still complete; "
+        "resolve as failed with that reference (its final state is looked up), or "
+        "mark it disputed."
+    )
 
 
 def _unresolvable(op: Operation, outcome: str) -> TransitionRefused:

@@ -63,3 +63,42 @@ def test_it_makes_no_second_payment_when_a_person_fails_an_operation_whose_call_
     engine.operation_reconcile(operation_id=op.id)
     op.refresh_from_db()
     assert op.status == S.SUCCEEDED and op.external_id == PaymentIntent.objects.get().id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_to_fail_by_words_a_payment_a_lookup_found_while_the_person_decided(
+    acme_unknown, approver, operator, sandbox, monkeypatch
+):
+    """The page showed an unknown operation with no provider object. While the person
+    resolved it as failed on their words, a reconcile found its payment waiting for the
+    customer's 3-D Secure: the status stays unknown, but the operation now records the
+    payment, which may yet complete. Failed anyway, its replacement would pay again."""
+    from operations.engine import people
+    from operations.sandbox.services import sandbox_payment_create
+
+    op = acme_unknown
+    seen = op.status_changed_at
+    intent_id = sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True, needs_action=True,
+    )["id"]
+    real_lands_by = people.unanswered_call_lands_by
+
+    def lookup_meanwhile(op_, **kwargs):
+        lands_by = real_lands_by(op_, **kwargs)
+        assert engine.operation_reconcile(operation_id=op.id).status == S.UNKNOWN
+        return lands_by
+
+    monkeypatch.setattr(people, "unanswered_call_lands_by", lookup_meanwhile)
+    with pytest.raises(TransitionRefused, match=f"the provider holds {intent_id} for {op.id}"):
+        engine.operation_resolve(
+            operation_id=op.id, actor=operator, outcome=S.FAILED,
+            evidence_text="no debit on the bank statement", reason="checked with treasury",
+            seen_status_changed_at=seen,
+        )
+
+    op.refresh_from_db()
+    assert (op.status, op.external_id, op.resolved_manually) == (S.UNKNOWN, intent_id, False)
+    assert not op.evidence.filter(kind="manual").exists()
+    assert replaced_and_run(op, approver) is None
+    assert PaymentIntent.objects.count() == 1

@@ -32,6 +32,7 @@ from operations.models import (
     EvidenceKind,
     Operation,
 )
+from operations.providers.base import LookupResult
 from operations.services import audit_event_record
 
 
@@ -134,9 +135,20 @@ def operation_reconcile(
             object_id=op.id,
             reason=reason,
             before=asked_at,
-            after={"status": report.status, "lookup": found.outcome, "detail": found.reason},
+            after=_reconcile_audited(report, found),
         )
     return report
+
+
+def _reconcile_audited(report: ReconcileReport, found: LookupResult) -> dict[str, str]:
+    """A person's reconcile as its audit row says it: the status it left and what was found.
+    A lookup another fact overtook (a person's resolution, an event, a late answer landed
+    while it was out) moved nothing: said so, or beside that fact's own row the trail would
+    read as if this lookup had made the move."""
+    after = {"status": report.status, "lookup": found.outcome, "detail": found.reason}
+    if report.outcome in ("nothing_to_do", "stale"):
+        after["moved"] = f"nothing: {report.detail}"
+    return after
 
 
 def reconcile_claim_seconds() -> float:

@@ -125,3 +125,46 @@ def test_it_keeps_drafts_and_tells_a_lookup_that_settled_nothing_from_success(
         assert "hx-preserve" in fields[field], field
     # The reason of the reconcile that went through comes back empty (test_browser).
     assert "hx-preserve" not in fields["reconcile-reason"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_says_on_the_trail_that_a_reconcile_overtaken_by_an_event_moved_nothing(
+    acme_unknown, operator, sandbox, monkeypatch
+):
+    """The provider's event settled the operation while the operator's lookup was out. The
+    reconcile's audit row said before unknown, after succeeded, found: beside the event, as
+    if the operator's lookup had made the move. It says it moved nothing."""
+    from operations import engine
+    from operations.engine import core
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    op = acme_unknown
+    payment_id = payment_at_provider(op)
+    adapter = core.adapter(op.action)
+    real_lookup = adapter.lookup
+
+    def lookup_overtaken_by_the_event(snapshot):
+        result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_succeeded", event_type="payment_intent.succeeded",
+            operation_id=op.id, external_id=payment_id, status=CallOutcome.SUCCEEDED,
+            data={"id": payment_id, "status": "succeeded",
+                  "amount": op.payload["amount_minor"],
+                  "currency": op.payload["currency"].lower()}))
+        assert result == "applied", message
+        return real_lookup(snapshot)
+
+    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"})
+
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == ("succeeded", payment_id)
+    moves = Evidence.objects.filter(operation=op, to_status="succeeded").exclude(
+        from_status="succeeded")
+    assert [move.kind for move in moves] == [EvidenceKind.WEBHOOK]
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
+    assert event.before == {"status": "unknown"}
+    assert event.after == {"status": "succeeded", "lookup": "found", "detail": "",
+                           "moved": "nothing: settled meanwhile"}
+    assert not sandbox_writes(provider="payments").exists()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django import forms
 from django.contrib import messages
@@ -240,7 +241,12 @@ def _next_url(request: HttpRequest, approval: Approval) -> str:
     if candidate.startswith("/") and url_has_allowed_host_and_scheme(
         candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
-        return candidate
+        # Back masked: an unmasked page is shown once, when asked for, and audited as such;
+        # a decision taken on it is not a second request to see the values.
+        parts = urlsplit(candidate)
+        query = [(key, value) for key, value in parse_qsl(parts.query, keep_blank_values=True)
+                 if key != "unmasked"]
+        return urlunsplit(parts._replace(query=urlencode(query)))
     return reverse("approvals:detail", args=[approval.id])
 
 

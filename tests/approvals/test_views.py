@@ -300,6 +300,29 @@ def test_it_approves_with_a_plain_post_and_redirects(acme, approver, prepare_pay
     assert "Approved; the operation is queued to run." in page
 
 
+def test_it_returns_masked_after_a_decision_taken_on_the_unmasked_page(
+    acme, admin_user, prepare_payment, no_execute
+):
+    """The unmasked page is shown once, when asked for, and audited so. Deciding on it
+    without JavaScript redirected back to ?unmasked=1: the values shown again and a second
+    view_unmasked event the person never asked for."""
+    approval = prepare_payment(acme)
+    client = signed_in(admin_user)
+    here = reverse("approvals:detail", args=[approval.id]) + "?unmasked=1&tab=history"
+    assert BENEFICIARY in client.get(here).content.decode()
+    assert AuditEvent.objects.filter(action="approval.view_unmasked").count() == 1
+
+    response = client.post(_approve_url(approval), {"comment": "", "next": here})
+
+    assert response.status_code == 302
+    assert response["Location"] == reverse("approvals:detail", args=[approval.id]) + "?tab=history"
+    page = client.get(response["Location"]).content.decode()
+    assert "Approved; the operation is queued to run." in page
+    assert BENEFICIARY not in page
+    assert AuditEvent.objects.filter(action="approval.view_unmasked").count() == 1
+    assert AuditEvent.objects.filter(action="approval.approve").count() == 1
+
+
 def test_it_ignores_an_offsite_next(acme, approver, prepare_payment, no_execute):
     approval = prepare_payment(acme)
     response = signed_in(approver).post(_approve_url(approval), {"next": "https://evil.test/"})

@@ -58,13 +58,24 @@ FORMAT_CHARACTERS = (
 # "4111.1111…", "4111/1111…", "4111_1111…") and as text pasted from elsewhere carries it: tabs,
 # non-breaking or repeated spaces, line breaks, typographic dashes, invisible format characters.
 NUMBER_SEPARATORS = r"\s.\-_/\u2010-\u2015\u2212\ufe63\uff0d" + FORMAT_CHARACTERS
+# Unseen too, though not format characters: the rest of Unicode's default-ignorable code
+# points (the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian
+# and other variation selectors) and the blank braille pattern. "ven\u034fdor_77" reads as
+# vendor_77.
+_UNSEEN_NOT_FORMAT = (
+    r"\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180d\u180f\u2800\u3164\ufe00-\ufe0f\uffa0"
+    r"\U000e0100-\U000e01ef"
+)
 # In a field an approver compares (a payee, an id, a name), an invisible character makes two
 # different values read alike: "vendor_7\u200b7" shows as vendor_77, and a direction mark
 # reorders what is shown. Refused there; a message's own text (params) may hold them.
-_INVISIBLE = re.compile(f"[{FORMAT_CHARACTERS}]")
+_INVISIBLE = re.compile(f"[{FORMAT_CHARACTERS}{_UNSEEN_NOT_FORMAT}]")
 # A deal's name is written in its language: Persian spells words with the zero-width
-# non-joiner, and an emoji sequence is held together by the joiner. Allowed in names only.
-_INVISIBLE_IN_NAMES = re.compile(f"(?![\u200c\u200d])[{FORMAT_CHARACTERS}]")
+# non-joiner, and an emoji sequence is held together by the joiner and shown as an emoji by
+# its variation selector ("\u2764\ufe0f"). Allowed in names only.
+_INVISIBLE_IN_NAMES = re.compile(
+    f"(?![\u200c\u200d\ufe0e\ufe0f])[{FORMAT_CHARACTERS}{_UNSEEN_NOT_FORMAT}]"
+)
 _NAMES = {"name", "patch.name"}
 # Any space but U+0020 (a no-break space, a narrow or an ideographic one, a line separator)
 # is shown as an ordinary one on the approval card and in a diff, and a space at either end

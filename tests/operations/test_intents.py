@@ -952,17 +952,26 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
          "to mixes Latin and Cyrillic letters in one word"),
         ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "s\u0430m@acme.test"}},
          "patch.owner mixes Latin and Cyrillic letters in one word"),
-        # A mark seen by no one (a combining grapheme joiner) still leaves one word on the
-        # page: "v\u034f\u0435\u034fndor_77" reads as vendor_77.
-        ("payments.create", {**PAYMENT, "beneficiary_id": "v\u034f\u0435\u034fndor_77"},
+        # A combining mark on the Cyrillic letter still leaves one word on the page.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "v\u0435\u0301ndor_77"},
          "beneficiary_id mixes Latin and Cyrillic letters in one word"),
         ("mail.send", {**MAIL, "to": "ann\u200d\u0430@example.com"},
          "to holds an invisible character"),
+        # Unseen, though not format characters: "ven\u034fdor_77" reads as vendor_77.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "ven\u034fdor_77"},
+         "beneficiary_id holds an invisible character (U+034F)"),
+        ("payments.create", {**PAYMENT, "invoice_id": "INV\ufe0f_9182"},
+         "invoice_id holds an invisible character (U+FE0F)"),
+        ("crm.create_deal", {**DEAL, "name": "Acme\u3164renewal"},
+         "name holds an invisible character (U+3164)"),
+        ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "sam\u2800@acme.test"}},
+         "patch.owner holds an invisible character (U+2800)"),
     ],
     ids=["nbsp", "narrow-nbsp", "line-separator", "trailing", "leading", "patch-owner",
          "ideographic-space", "spaces-in-a-row", "patch-spaces-in-a-row", "cyrillic-e",
-         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a", "grapheme-joiner-split",
-         "joiner-in-an-address"],
+         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a", "mark-on-the-letter",
+         "joiner-in-an-address", "grapheme-joiner", "variation-selector", "hangul-filler",
+         "braille-blank"],
 )
 def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, said):
     with pytest.raises(IntentError, match=re.escape(said)):
@@ -1015,6 +1024,7 @@ def test_it_prepares_nothing_for_a_payee_that_reads_like_another(acme):
 @pytest.mark.parametrize("name", [
     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, spelled with a ZWNJ
     "Launch \U0001f468\u200d\U0001f4bb",  # an emoji held together by a ZWJ
+    "Customers \u2764\ufe0f renewal",  # an emoji shown as one by its variation selector
 ])
 def test_it_keeps_a_deal_name_as_its_language_spells_it(name):
     intent_validate(action="crm.create_deal", payload={**DEAL, "name": name})

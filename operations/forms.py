@@ -161,7 +161,9 @@ class DecisionForm(ReasonForm):
 
 def _ids_shown(value: str) -> list[int]:
     words = value.split()
-    if not all(word.isdigit() and len(word) < 19 for word in words):
+    # ASCII digits only: "²" is a digit to isdigit() and no number to int() (a 500), and
+    # int() reads other scripts' digits ("١٢" as 12), which the page never writes.
+    if not all(word.isascii() and word.isdigit() and len(word) < 19 for word in words):
         raise forms.ValidationError("The page is out of date; reload it.")
     return [int(word) for word in words]
 

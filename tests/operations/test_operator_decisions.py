@@ -144,12 +144,14 @@ def test_it_takes_a_decision_from_a_page_showing_hundreds_of_held_events(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("shown", ["12 evt_x", "12 \u00b2", "\u0661\u0662"])
 def test_it_refuses_a_decision_from_a_page_whose_held_events_do_not_parse(
-    acme_unknown, operator
+    acme_unknown, operator, shown
 ):
+    # A superscript two is a digit to str.isdigit() and no number to int(): it was a 500.
     op = acme_unknown
     response = signed_in(operator).post(f"/operations/{op.id}/dispute", {
-        "dispute-reason": "on hold", "dispute-held_shown": "12 evt_x"})
+        "dispute-reason": "on hold", "dispute-held_shown": shown})
     op.refresh_from_db()
     assert response.status_code == 400 and "reload it" in response.content.decode()
     assert op.status == "unknown" and not op.evidence.filter(kind="manual").exists()

@@ -978,6 +978,24 @@ def test_it_refuses_a_one_line_field_that_reads_like_another(action, payload, sa
         intent_validate(action=action, payload=payload)
 
 
+@pytest.mark.parametrize("unseen", ["\u2065", "\ufff0", "\ufff8", "\U000e0000", "\U000e0002",
+                                    "\U000e0080", "\U000e01f0", "\U000e0fff"])
+def test_it_refuses_a_reserved_default_ignorable_code_point_in_a_compared_field(unseen):
+    """Unicode reserves these as default-ignorable (DerivedCoreProperties.txt): a text
+    engine draws nothing for them, assigned or not (HarfBuzz, so Chrome and Firefox), and
+    "vendor_7\u20657" reads as vendor_77 on the card as U+034F did."""
+    said = f"invisible character (U+{ord(unseen):04X})"
+    for field in ("beneficiary_id", "invoice_id"):
+        with pytest.raises(IntentError, match=re.escape(said)):
+            intent_validate(
+                action="payments.create", payload={**PAYMENT, field: f"vendor_7{unseen}7"}
+            )
+    with pytest.raises(IntentError, match=re.escape(said)):
+        intent_validate(
+            action="crm.create_deal", payload={**DEAL, "name": f"Acme{unseen} renewal"}
+        )
+
+
 def test_it_keeps_ordinary_spaces_inside_a_one_line_field():
     payload = {**PAYMENT, "beneficiary_id": "Acme Corp LLP", "invoice_id": "INV 2026 0001"}
     assert intent_validate(action="payments.create", payload=payload) == payload

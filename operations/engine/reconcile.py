@@ -135,12 +135,14 @@ def operation_reconcile(
             object_id=op.id,
             reason=reason,
             before=asked_at,
-            after=_reconcile_audited(report, found),
+            after=_reconcile_audited(report, found, looked_up_status=looked_up_status),
         )
     return report
 
 
-def _reconcile_audited(report: ReconcileReport, found: LookupResult) -> dict[str, str]:
+def _reconcile_audited(
+    report: ReconcileReport, found: LookupResult, *, looked_up_status: str
+) -> dict[str, str]:
     """A person's reconcile as its audit row says it: the status it left and what was found.
     A lookup another fact overtook (a person's resolution, an event, a late answer landed
     while it was out) moved nothing: said so, or beside that fact's own row the trail would
@@ -148,6 +150,10 @@ def _reconcile_audited(report: ReconcileReport, found: LookupResult) -> dict[str
     after = {"status": report.status, "lookup": found.outcome, "detail": found.reason}
     if report.outcome in ("nothing_to_do", "stale"):
         after["moved"] = f"nothing: {report.detail}"
+    elif report.detail == "unchanged" and report.status != looked_up_status:
+        # Found as the journal already held it (still processing: accepted), where an event
+        # moved it while the lookup was out; the lookup only noted it.
+        after["moved"] = "nothing: overtaken by a newer fact"
     return after
 
 

@@ -168,3 +168,48 @@ def test_it_says_on_the_trail_that_a_reconcile_overtaken_by_an_event_moved_nothi
     assert event.after == {"status": "succeeded", "lookup": "found", "detail": "",
                            "moved": "nothing: settled meanwhile"}
     assert not sandbox_writes(provider="payments").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_says_on_the_trail_that_a_reconcile_an_event_moved_to_accepted_first_moved_nothing(
+    acme_unknown, operator, sandbox, monkeypatch, settings
+):
+    """The provider's event moved the operation to accepted while the operator's lookup was
+    out, and the lookup found the payment still processing: the operation left open, the
+    lookup only noted it. Its audit row said before unknown, after accepted, found, beside
+    the event's, as if the operator's lookup had made the move."""
+    from operations import engine
+    from operations.engine import core
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1  # the payment stays processing
+    op = acme_unknown
+    payment_id = payment_at_provider(op)
+    adapter = core.adapter(op.action)
+    real_lookup = adapter.lookup
+
+    def lookup_overtaken_by_the_event(snapshot):
+        result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id="evt_processing", event_type="payment_intent.processing",
+            operation_id=op.id, external_id=payment_id, status=CallOutcome.ACCEPTED,
+            data={"id": payment_id, "status": "processing",
+                  "amount": op.payload["amount_minor"],
+                  "currency": op.payload["currency"].lower()}))
+        assert result == "applied", message
+        return real_lookup(snapshot)
+
+    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
+    response = signed_in(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"})
+
+    assert response.status_code == 302
+    op.refresh_from_db()
+    assert (op.status, op.external_id) == ("accepted", payment_id)
+    moves = Evidence.objects.filter(operation=op, to_status="accepted").exclude(
+        from_status="accepted")
+    assert [move.kind for move in moves] == [EvidenceKind.WEBHOOK]
+    event = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
+    assert event.before == {"status": "unknown"}
+    assert event.after["status"] == "accepted" and event.after["lookup"] == "found"
+    assert event.after["moved"].startswith("nothing: ")
+    assert not sandbox_writes(provider="payments").exists()

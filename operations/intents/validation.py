@@ -72,10 +72,12 @@ _UNSEEN_NOT_FORMAT = (
 # reorders what is shown. Refused there; a message's own text (params) may hold them.
 _INVISIBLE = re.compile(f"[{FORMAT_CHARACTERS}{_UNSEEN_NOT_FORMAT}]")
 # A deal's name is written in its language: Persian spells words with the zero-width
-# non-joiner, and an emoji sequence is held together by the joiner and shown as an emoji by
-# its variation selector ("\u2764\ufe0f"). Allowed in names only.
+# non-joiner, an emoji sequence is held together by the joiner and shown as an emoji by its
+# variation selector ("\u2764\ufe0f"), and Mongolian letters and Han characters take the
+# variation selectors that choose their shapes. Allowed in names only.
 _INVISIBLE_IN_NAMES = re.compile(
-    f"(?![\u200c\u200d\ufe0e\ufe0f])[{FORMAT_CHARACTERS}{_UNSEEN_NOT_FORMAT}]"
+    "(?![\u200c\u200d\u180b-\u180d\u180f\ufe00-\ufe0f\U000e0100-\U000e01ef])"
+    f"[{FORMAT_CHARACTERS}{_UNSEEN_NOT_FORMAT}]"
 )
 _NAMES = {"name", "patch.name"}
 # Any space but U+0020 (a no-break space, a narrow or an ideographic one, a line separator)

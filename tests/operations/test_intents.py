@@ -1043,6 +1043,8 @@ def test_it_prepares_nothing_for_a_payee_that_reads_like_another(acme):
     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, spelled with a ZWNJ
     "Launch \U0001f468\u200d\U0001f4bb",  # an emoji held together by a ZWJ
     "Customers \u2764\ufe0f renewal",  # an emoji shown as one by its variation selector
+    "\u8fbb\U000e0100 Holdings",  # a Han character in the shape a variation selector picks
+    "\u1820\u180b\u1828",  # Mongolian, a free variation selector choosing a letter's form
 ])
 def test_it_keeps_a_deal_name_as_its_language_spells_it(name):
     intent_validate(action="crm.create_deal", payload={**DEAL, "name": name})

@@ -83,6 +83,10 @@ def lookup_record(
             # An event settled it with another object meanwhile: this one moved money too.
             return _another_object_found(op, attempt, found, to=found_at, data=data,
                                          actor=actor)
+        if found_at is not None and (op.resolved_manually or op.status == S.DISPUTED):
+            # A person decided while this lookup was out: what it found may contradict them.
+            return _found_after_a_decision(op, attempt, found, to=found_at, data=data,
+                                           actor=actor)
         return ReconcileReport(op.id, "nothing_to_do", op.status, "settled meanwhile")
     if found_at is None and (
         op.status != looked_up_status or op.external_id != op_snapshot.external_id
@@ -449,6 +453,29 @@ def _another_object_found(
     return ReconcileReport(
         op.id, "found", op.status, f"found {found.external_id}, not the recorded {op.external_id}"
     )
+
+
+def _found_after_a_decision(
+    op: Operation, attempt: Attempt, found: LookupResult, *, to: str, data: dict[str, Any],
+    actor: AbstractUser | None,
+) -> ReconcileReport:
+    """The lookup found the operation's object in a state that a person's resolution or hold,
+    made while the lookup was out, may contradict (a decline read after they resolved it as
+    succeeded): held for that person as the same report by event or late answer is, or with
+    its event lost nobody would learn it. One that agrees with them changes nothing."""
+    with transaction.atomic():
+        locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
+        why = provider_report_held(locked, external_id=found.external_id, target=to, mismatch="")
+        if not why:
+            return ReconcileReport(op.id, "nothing_to_do", locked.status, "settled meanwhile")
+        Attempt.objects.filter(id=attempt.id).update(needs_review=True, review_note=why[:500])
+        Evidence.objects.create(
+            operation=locked, kind=EvidenceKind.LOOKUP, from_status=locked.status,
+            to_status=locked.status, data=data, actor=actor,
+            summary=f"provider lookup ({found.method}) found {found.external_id}: "
+            f"{found.status}, after a person's decision; held for review: {why}",
+        )
+    return ReconcileReport(op.id, "found", locked.status, f"held for review: {why}")
 
 
 def _transition_deciding_kept(op: Operation, **transition_args: Any) -> bool:

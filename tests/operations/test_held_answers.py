@@ -327,3 +327,102 @@ def test_it_never_closes_a_payment_a_lookup_found_processing_on_a_stalled_worker
     assert replaced_and_run(op, approver) is None
     assert payment_posts(op) == op.provider_calls == 1
     assert list(PaymentIntent.objects.values_list("id", flat=True)) == [other["id"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_decline_a_lookup_found_while_a_person_resolved_the_payment_as_succeeded(
+    acme, approver, operator, sandbox, monkeypatch
+):
+    """An accepted payment (processing at the bank), no webhooks delivered. The sweep's lookup
+    is out when an operator, told by treasury the money arrived, resolves it as succeeded; the
+    bank had declined it, and the lookup reads the decline. The provider contradicts the
+    person's decision: held for them, as the same report by event or late answer would be,
+    not dropped as "settled meanwhile" with nothing on the timeline."""
+    from operations.engine import core
+    from operations.sandbox.services import sandbox_payment_settle
+
+    op = authorized_payment(acme, approver, amount_minor=15_000_000)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert (op.status, op.external_id, intent.status) == (S.ACCEPTED, intent.id, "processing")
+    sandbox_payment_settle(payment_intent_id=intent.id, status="failed")  # its event is lost
+
+    real = core.adapter("payments.create")
+
+    class ResolvedWhileLookingUp:
+        contract = real.contract
+        account = real.account
+        disagreement = real.disagreement
+
+        def lookup(self, op_):
+            found = real.lookup(op_)
+            engine.operation_resolve(
+                operation_id=op.id, actor=operator, outcome=S.SUCCEEDED,
+                evidence_text="treasury saw the credit", reason="treasury confirmed",
+            )
+            return found
+
+    monkeypatch.setattr(core, "adapter", lambda action: ResolvedWhileLookingUp())
+    engine.operation_reconcile(operation_id=op.id)
+    monkeypatch.undo()
+
+    op.refresh_from_db()
+    lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
+    assert (op.status, op.resolved_manually, op.external_id) == (S.SUCCEEDED, True, intent.id)
+    assert list(answers_held_for_review(operation=op)) == [lookup], (
+        "the provider says the payment failed, and the person who settled it is not told")
+    assert lookup.review_note == (
+        f"the provider reports failed ({intent.id}); {op.id} stays succeeded by an operator's "
+        "decision"
+    )
+    held = op.evidence.get(kind="lookup")
+    assert (held.from_status, held.to_status) == (S.SUCCEEDED, S.SUCCEEDED)
+    assert "held for review" in held.summary and intent.id in held.summary
+    queue = signed_in(operator).get("/operations/unknown/").content.decode()
+    assert f"What lookup {lookup.number} found:" in queue and intent.id in queue
+    assert payment_posts(op) == op.provider_calls == 1
+    assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_a_lookup_found_while_a_person_failed_the_operation_on_words(
+    acme_unknown, approver, operator, sandbox, monkeypatch
+):
+    """The lookup finds the unknown operation's payment succeeded while a person, who saw no
+    debit, resolves it as failed on their words. Dropped as "settled meanwhile", the failed
+    intent could be replaced, and the replacement would pay a second time."""
+    from operations.engine import core
+
+    op = acme_unknown
+    intent_id = sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True,
+    )["id"]
+    real = core.adapter("payments.create")
+
+    class FailedWhileLookingUp:
+        contract = real.contract
+        account = real.account
+        disagreement = real.disagreement
+
+        def lookup(self, op_):
+            found = real.lookup(op_)
+            engine.operation_resolve(
+                operation_id=op.id, actor=operator, outcome=S.FAILED,
+                evidence_text="no debit on the bank statement", reason="checked with treasury",
+            )
+            return found
+
+    monkeypatch.setattr(core, "adapter", lambda action: FailedWhileLookingUp())
+    engine.operation_reconcile(operation_id=op.id)
+    monkeypatch.undo()
+
+    op.refresh_from_db()
+    lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
+    assert (op.status, op.resolved_manually, lookup.external_id) == (S.FAILED, True, intent_id)
+    assert list(answers_held_for_review(operation=op)) == [lookup]
+    assert lookup.review_note.startswith(f"the provider reports succeeded ({intent_id})")
+    assert replaced_and_run(op, approver) is None
+    assert PaymentIntent.objects.count() == 1
+    assert not sandbox_writes(provider="payments").exists()  # no replacement, no call

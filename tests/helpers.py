@@ -122,6 +122,16 @@ def queries_run() -> Iterator[list[tuple[str, Any]]]:
         yield seen
 
 
+def page_and_query_count(client: Client, url: str) -> tuple[int, str]:
+    """GET `url` (it must answer 200): how many queries it ran, and its HTML."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url)
+    assert response.status_code == 200
+    return len(queries), response.content.decode()
+
+
 def plan_rows_read(sql: str, params: Any, relation: str) -> int:
     """Rows the query's plan, as the planner chooses it, read from `relation` (returned plus
     filtered out): what a page costs, which the rows it shows do not tell."""

@@ -17,7 +17,7 @@ from approvals.selectors import last_approved_ancestors
 from approvals.services import approval_approve, approval_reject, approvals_expire_overdue
 from operations.models import Operation
 from tests.factories import UserFactory
-from tests.helpers import signed_in, triggers_off
+from tests.helpers import page_and_query_count, signed_in, triggers_off
 
 pytestmark = pytest.mark.django_db
 
@@ -213,10 +213,7 @@ def test_it_reads_every_cards_comparison_in_the_same_queries_for_any_page_and_de
     client = signed_in(approver)
 
     def queue() -> tuple[int, str]:
-        with CaptureQueriesContext(connection) as queries:
-            response = client.get(reverse("approvals:queue"))
-        assert response.status_code == 200
-        return len(queries), response.content.decode()
+        return page_and_query_count(client, reverse("approvals:queue"))
 
     prepare_payment(acme, invoice_id="inv_first")
     queue()  # per-process caches

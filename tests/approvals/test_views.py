@@ -14,7 +14,7 @@ from operations.engine import operation_prepare, operation_resolve
 from operations.intents import payload_fingerprint
 from operations.models import AuditEvent, Operation
 from tests.approvals.conftest import BENEFICIARY, EMAIL
-from tests.helpers import signed_in, updated_past_triggers
+from tests.helpers import page_and_query_count, signed_in, updated_past_triggers
 from tests.operations.engine_helpers import make_unknown
 
 pytestmark = pytest.mark.django_db
@@ -1257,19 +1257,13 @@ def test_it_reads_the_lineage_of_derived_intents_in_the_same_queries_for_any_pag
     """Each card of a replay's or a branch's intent names the run it derives from and the
     same command's effects in earlier runs: read per card and per generation, a page of
     twenty cards two generations deep made hundreds of queries."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     from operations.models import RunMode
     from tests.factories import CheckpointFactory, RunFactory
 
     client = signed_in(approver)
 
     def queue() -> tuple[int, str]:
-        with CaptureQueriesContext(connection) as queries:
-            response = client.get(reverse("approvals:queue"))
-        assert response.status_code == 200
-        return len(queries), response.content.decode()
+        return page_and_query_count(client, reverse("approvals:queue"))
 
     queue()  # per-process caches
     counts, earlier_ids = [], []
@@ -1298,9 +1292,6 @@ def test_it_checks_a_live_replays_launcher_once_for_a_page_of_its_cards(
     """A live replay asks again every payment of the run it repeats, each a pending card
     whose run's mode is checked (may its launcher still make an irreversible effect?): the
     check read the launcher's grants once per card, a query more for every card."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     from operations.models import RunMode
     from tests.factories import CheckpointFactory, RunFactory
 
@@ -1310,10 +1301,7 @@ def test_it_checks_a_live_replays_launcher_once_for_a_page_of_its_cards(
     client = signed_in(approver)
 
     def queue() -> tuple[int, str]:
-        with CaptureQueriesContext(connection) as queries:
-            response = client.get(reverse("approvals:queue"))
-        assert response.status_code == 200
-        return len(queries), response.content.decode()
+        return page_and_query_count(client, reverse("approvals:queue"))
 
     prepare_payment(acme, run=replay, command_id="cmd_pay_0", invoice_id="inv_0")
     queue()  # per-process caches

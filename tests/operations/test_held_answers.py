@@ -329,26 +329,12 @@ def test_it_never_closes_a_payment_a_lookup_found_processing_on_a_stalled_worker
     assert list(PaymentIntent.objects.values_list("id", flat=True)) == [other["id"]]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_it_holds_a_decline_a_lookup_found_while_a_person_resolved_the_payment_as_succeeded(
-    acme, approver, operator, sandbox, monkeypatch
-):
-    """An accepted payment (processing at the bank), no webhooks delivered. The sweep's lookup
-    is out when an operator, told by treasury the money arrived, resolves it as succeeded; the
-    bank had declined it, and the lookup reads the decline. The provider contradicts the
-    person's decision: held for them, as the same report by event or late answer would be,
-    not dropped as "settled meanwhile" with nothing on the timeline."""
+def reconciled_while_resolved(op, monkeypatch, *, actor, outcome: str, evidence_text: str):
+    """A reconcile of `op` whose lookup, once it has the provider's answer and before it is
+    recorded, sees `actor` resolve the operation as `outcome` on their words."""
     from operations.engine import core
-    from operations.sandbox.services import sandbox_payment_settle
 
-    op = authorized_payment(acme, approver, amount_minor=15_000_000)
-    engine.operation_execute(operation_id=op.id)
-    op.refresh_from_db()
-    intent = PaymentIntent.objects.get()
-    assert (op.status, op.external_id, intent.status) == (S.ACCEPTED, intent.id, "processing")
-    sandbox_payment_settle(payment_intent_id=intent.id, status="failed")  # its event is lost
-
-    real = core.adapter("payments.create")
+    real = core.adapter(op.action)
 
     class ResolvedWhileLookingUp:
         contract = real.contract
@@ -358,14 +344,36 @@ def test_it_holds_a_decline_a_lookup_found_while_a_person_resolved_the_payment_a
         def lookup(self, op_):
             found = real.lookup(op_)
             engine.operation_resolve(
-                operation_id=op.id, actor=operator, outcome=S.SUCCEEDED,
-                evidence_text="treasury saw the credit", reason="treasury confirmed",
+                operation_id=op.id, actor=actor, outcome=outcome,
+                evidence_text=evidence_text, reason="checked with treasury",
             )
             return found
 
     monkeypatch.setattr(core, "adapter", lambda action: ResolvedWhileLookingUp())
     engine.operation_reconcile(operation_id=op.id)
     monkeypatch.undo()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_decline_a_lookup_found_while_a_person_resolved_the_payment_as_succeeded(
+    acme, approver, operator, sandbox, monkeypatch
+):
+    """An accepted payment (processing at the bank), no webhooks delivered. The sweep's lookup
+    is out when an operator, told by treasury the money arrived, resolves it as succeeded; the
+    bank had declined it, and the lookup reads the decline. The provider contradicts the
+    person's decision: held for them, as the same report by event or late answer would be,
+    not dropped as "settled meanwhile" with nothing on the timeline."""
+    from operations.sandbox.services import sandbox_payment_settle
+
+    op = authorized_payment(acme, approver, amount_minor=15_000_000)
+    engine.operation_execute(operation_id=op.id)
+    op.refresh_from_db()
+    intent = PaymentIntent.objects.get()
+    assert (op.status, op.external_id, intent.status) == (S.ACCEPTED, intent.id, "processing")
+    sandbox_payment_settle(payment_intent_id=intent.id, status="failed")  # its event is lost
+
+    reconciled_while_resolved(op, monkeypatch, actor=operator, outcome=S.SUCCEEDED,
+                              evidence_text="treasury saw the credit")
 
     op.refresh_from_db()
     lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
@@ -392,31 +400,14 @@ def test_it_holds_a_payment_a_lookup_found_while_a_person_failed_the_operation_o
     """The lookup finds the unknown operation's payment succeeded while a person, who saw no
     debit, resolves it as failed on their words. Dropped as "settled meanwhile", the failed
     intent could be replaced, and the replacement would pay a second time."""
-    from operations.engine import core
 
     op = acme_unknown
     intent_id = sandbox_payment_create(
         amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
         metadata={"operation_id": op.id}, confirm=True,
     )["id"]
-    real = core.adapter("payments.create")
-
-    class FailedWhileLookingUp:
-        contract = real.contract
-        account = real.account
-        disagreement = real.disagreement
-
-        def lookup(self, op_):
-            found = real.lookup(op_)
-            engine.operation_resolve(
-                operation_id=op.id, actor=operator, outcome=S.FAILED,
-                evidence_text="no debit on the bank statement", reason="checked with treasury",
-            )
-            return found
-
-    monkeypatch.setattr(core, "adapter", lambda action: FailedWhileLookingUp())
-    engine.operation_reconcile(operation_id=op.id)
-    monkeypatch.undo()
+    reconciled_while_resolved(op, monkeypatch, actor=operator, outcome=S.FAILED,
+                              evidence_text="no debit on the bank statement")
 
     op.refresh_from_db()
     lookup = op.attempts.get(kind=AttemptKind.LOOKUP)

@@ -127,6 +127,32 @@ def test_it_keeps_drafts_and_tells_a_lookup_that_settled_nothing_from_success(
     assert "hx-preserve" not in fields["reconcile-reason"]
 
 
+def reconciled_now_overtaken_by_an_event(op, operator, monkeypatch, *, payment_id: str,
+                                         status: str):
+    """The operator's "Reconcile now" (a plain POST), whose lookup the provider's event that
+    `payment_id` is `status` overtakes: applied while the lookup is out."""
+    from operations import engine
+    from operations.engine import core
+    from operations.providers.base import CallOutcome, WebhookFacts
+
+    adapter = core.adapter(op.action)
+    real_lookup = adapter.lookup
+
+    def lookup_overtaken_by_the_event(snapshot):
+        result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
+            event_id=f"evt_{status}", event_type=f"payment_intent.{status}",
+            operation_id=op.id, external_id=payment_id,
+            status=CallOutcome.SUCCEEDED if status == "succeeded" else CallOutcome.ACCEPTED,
+            data={"id": payment_id, "status": status, "amount": op.payload["amount_minor"],
+                  "currency": op.payload["currency"].lower()}))
+        assert result == "applied", message
+        return real_lookup(snapshot)
+
+    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
+    return signed_in(operator).post(
+        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"})
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_says_on_the_trail_that_a_reconcile_overtaken_by_an_event_moved_nothing(
     acme_unknown, operator, sandbox, monkeypatch
@@ -134,28 +160,11 @@ def test_it_says_on_the_trail_that_a_reconcile_overtaken_by_an_event_moved_nothi
     """The provider's event settled the operation while the operator's lookup was out. The
     reconcile's audit row said before unknown, after succeeded, found: beside the event, as
     if the operator's lookup had made the move. It says it moved nothing."""
-    from operations import engine
-    from operations.engine import core
-    from operations.providers.base import CallOutcome, WebhookFacts
-
     op = acme_unknown
     payment_id = payment_at_provider(op)
-    adapter = core.adapter(op.action)
-    real_lookup = adapter.lookup
 
-    def lookup_overtaken_by_the_event(snapshot):
-        result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-            event_id="evt_succeeded", event_type="payment_intent.succeeded",
-            operation_id=op.id, external_id=payment_id, status=CallOutcome.SUCCEEDED,
-            data={"id": payment_id, "status": "succeeded",
-                  "amount": op.payload["amount_minor"],
-                  "currency": op.payload["currency"].lower()}))
-        assert result == "applied", message
-        return real_lookup(snapshot)
-
-    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
-    response = signed_in(operator).post(
-        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"})
+    response = reconciled_now_overtaken_by_an_event(op, operator, monkeypatch,
+                                                    payment_id=payment_id, status="succeeded")
 
     assert response.status_code == 302
     op.refresh_from_db()
@@ -178,29 +187,12 @@ def test_it_says_on_the_trail_that_a_reconcile_an_event_moved_to_accepted_first_
     out, and the lookup found the payment still processing: the operation left open, the
     lookup only noted it. Its audit row said before unknown, after accepted, found, beside
     the event's, as if the operator's lookup had made the move."""
-    from operations import engine
-    from operations.engine import core
-    from operations.providers.base import CallOutcome, WebhookFacts
-
     settings.SANDBOX_PAYMENTS_ASYNC_FROM_MINOR = 1  # the payment stays processing
     op = acme_unknown
     payment_id = payment_at_provider(op)
-    adapter = core.adapter(op.action)
-    real_lookup = adapter.lookup
 
-    def lookup_overtaken_by_the_event(snapshot):
-        result, message = engine.webhook_apply(provider="payments", facts=WebhookFacts(
-            event_id="evt_processing", event_type="payment_intent.processing",
-            operation_id=op.id, external_id=payment_id, status=CallOutcome.ACCEPTED,
-            data={"id": payment_id, "status": "processing",
-                  "amount": op.payload["amount_minor"],
-                  "currency": op.payload["currency"].lower()}))
-        assert result == "applied", message
-        return real_lookup(snapshot)
-
-    monkeypatch.setattr(adapter, "lookup", lookup_overtaken_by_the_event)
-    response = signed_in(operator).post(
-        f"/operations/{op.id}/reconcile", {"reconcile-reason": "customer is asking"})
+    response = reconciled_now_overtaken_by_an_event(op, operator, monkeypatch,
+                                                    payment_id=payment_id, status="processing")
 
     assert response.status_code == 302
     op.refresh_from_db()

@@ -251,12 +251,6 @@ def _nested(value: Any, *, masked: bool, mask_plain_text: bool = False) -> str:
     return str(value)
 
 
-def _key(key: str, *, masked: bool) -> str:
-    """A key can hold what a value can (an address, an account or phone number): masked
-    where it stands."""
-    return mask_inline(key) if masked else key
-
-
 # Direction embeddings, overrides and isolates: a message's parameters may hold them (text
 # in Arabic or Hebrew), unlike the fields an approver compares. Shown as they are, one left
 # open in a key or a value reorders every parameter after it on the card, all of them one
@@ -268,16 +262,17 @@ def _directions_named(text: str) -> str:
     return _DIRECTION_CONTROLS.sub(lambda found: f"⟨U+{ord(found.group()):04X}⟩", text)
 
 
+def _key(key: str, *, masked: bool) -> str:
+    """A key can hold what a value can (an address, an account or phone number): masked
+    where it stands, its direction controls named."""
+    return _directions_named(mask_inline(key) if masked else key)
+
+
 def _params(value: Mapping[str, Any], *, masked: bool) -> str:
     """Template parameters: free text about a person, masked whole unless asked."""
     return ", ".join(
-        f"{_param_key(k, masked=masked)}: {_param_value(value, k, masked=masked)}"
-        for k in sorted(value)
+        f"{_key(k, masked=masked)}: {_param_value(value, k, masked=masked)}" for k in sorted(value)
     )
-
-
-def _param_key(key: str, *, masked: bool) -> str:
-    return _directions_named(_key(key, masked=masked))
 
 
 def _patch(value: Mapping[str, Any], *, masked: bool) -> str:
@@ -503,7 +498,7 @@ def _keyed_diff(
     for name in sorted(set(old) | set(new)):
         old_shown = shown(old, name, masked=not unmasked) if name in old else "—"
         new_shown = shown(new, name, masked=not unmasked) if name in new else "—"
-        row_label = f"{label}: {_directions_named(_key(name, masked=not unmasked))}"
+        row_label = f"{label}: {_key(name, masked=not unmasked)}"
         if old.get(name, _ABSENT) == new.get(name, _ABSENT):
             # Unchanged, unless it reads otherwise: the same amount in a change that now
             # names another currency is another sum.

@@ -190,7 +190,8 @@ def _panel_context(
     return {
         "op": op,
         "lease_expired": lease_expired(op),
-        "timeline": operation_timeline(op),
+        # Bounded unless a person asks for all of it (`?timeline=whole`).
+        "timeline": operation_timeline(op, whole=request.GET.get("timeline") == "whole"),
         "held_for_review": held,
         "held_answers": held_answers,
         "can_reconcile": can_reconcile,

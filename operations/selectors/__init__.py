@@ -15,12 +15,10 @@ from operations.selectors.dashboard import METRICS_WINDOW, dashboard_metrics
 from operations.selectors.journal import (
     OperationFilters,
     OperationLineage,
-    TimelineEntry,
     keyset_page,
     keyset_page_of_tenants,
     operation_lineage,
     operation_superseded_by,
-    operation_timeline,
     operations_journal_page,
     related_pages_for_user,
     run_parent_in_tenant,
@@ -46,12 +44,14 @@ from operations.selectors.queues import (
     webhooks_held_for_review,
 )
 from operations.selectors.runs import command_effects_in_runs, run_ancestors, runs_ancestors
+from operations.selectors.timeline import Timeline, TimelineEntry, operation_timeline
 
 __all__ = [
     "METRICS_WINDOW",
     "AuditFilters",
     "OperationFilters",
     "OperationLineage",
+    "Timeline",
     "TimelineEntry",
     "answers_for_review_count",
     "answers_for_review_for_user",

@@ -1,23 +1,15 @@
-"""The operations journal: its pages, and one operation's lineage and timeline."""
+"""The operations journal: its pages, and one operation's lineage."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db.models import F, Lookup, QuerySet
 from django.utils import timezone
 
 from operations.ids import id_after
-from operations.models import (
-    AttemptKind,
-    AttemptOutcome,
-    AuditEvent,
-    Checkpoint,
-    Evidence,
-    Operation,
-    Run,
-)
+from operations.models import Checkpoint, Operation, Run
 from operations.selectors.access import tenants_for_user
 from operations.signals import RelatedPage, operation_related_pages
 
@@ -177,140 +169,3 @@ def related_pages_for_user(user, op: Operation) -> list[RelatedPage]:
         )
         for page in pages or ()
     ]
-
-
-@dataclass(frozen=True)
-class TimelineEntry:
-    at: datetime
-    kind: str  # attempt / evidence / webhook / audit
-    title: str
-    detail: str = ""
-    actor: str = ""
-    status: str = ""
-    code: str = ""  # an audit event's action, as the audit trail and its filter name it
-
-
-# What each audited action on an operation was, in a person's words; the code stays beside
-# it, since the audit trail is filtered by code.
-_AUDIT_TITLES = {
-    "operation.prepare": "Intent recorded",
-    "operation.authorize": "Approval recorded for this payload hash",
-    "operation.execute": "Run asked for by a person",
-    "operation.reconcile": "Reconcile asked for by a person",
-    "operation.resolve_succeeded": "Resolved as succeeded by a person",
-    "operation.resolve_failed": "Resolved as failed by a person",
-    "operation.resolve_succeeded_refused": "Resolution as succeeded refused",
-    "operation.resolve_failed_refused": "Resolution as failed refused",
-    "operation.dispute": "Marked disputed",
-    "operation.cancel": "Cancelled",
-    "operation.view_unmasked": "Unmasked intent viewed",
-}
-
-
-_REFERENCE_OUTCOMES = {
-    AttemptOutcome.FOUND: "found",
-    AttemptOutcome.ABSENT: "not found at the provider",
-}
-
-
-def _reference_checks(evidence_rows: list[Evidence]) -> dict[int, str]:
-    """The lookups made to check a person's provider reference, by attempt number: the
-    resolution that used it, or its refusal, names both."""
-    checks: dict[int, str] = {}
-    for evidence in evidence_rows:
-        reference = evidence.data.get("provider_reference")
-        # The refusal names its lookup's attempt; the resolution, the lookup it kept.
-        number = evidence.data.get("attempt") or evidence.data.get("verified", {}).get("attempt")
-        if reference and number:
-            checks[number] = reference
-    return checks
-
-
-def operation_timeline(op) -> list[TimelineEntry]:
-    """Attempts, evidence, webhook events and audit events of one operation, in time order."""
-    # (time, source rank, row id) orders entries written in the same instant stably.
-    keyed: list[tuple[tuple[datetime, int, int], TimelineEntry]] = []
-    attempts = list(op.attempts.order_by("number"))
-    # Named only when requests of this operation reached more than one provider account:
-    # then which went where is what a person needs to see (a lookup in one account cannot
-    # see an effect made in the other).
-    accounts = {a.provider_account for a in attempts if a.provider_account}
-    evidence_rows = list(op.evidence.select_related("actor").order_by("id"))
-    references = _reference_checks(evidence_rows)
-    for attempt in attempts:
-        http = f"HTTP {attempt.http_status}" if attempt.http_status else ""
-        account = f"account {attempt.provider_account}" if len(accounts) > 1 else ""
-        held = (
-            "" if not attempt.needs_review
-            else "held for review" if attempt.reviewed_at is None
-            else "held for review, answered by a person's decision"
-        )
-        # A call with no answer at all (its worker died or stalled): until when it may still
-        # reach the provider is what a lookup that finds nothing must wait out.
-        unanswered = (
-            f"no answer yet; may reach the provider until {attempt.reach_until:%H:%M:%S}"
-            if attempt.kind == AttemptKind.CALL and attempt.finished_at is None else ""
-        )
-        parts = (http, account, attempt.external_id, attempt.error_class,
-                 attempt.error_message[:200], unanswered, held)
-        reference = references.get(attempt.number)
-        if reference is not None:
-            # Its answer is about a person's reference, not the operation's effect: "proven
-            # absent" there would read as if the effect were proven never made.
-            what = f"lookup of the reference {reference}"  # an id: its case is kept
-            outcome = _REFERENCE_OUTCOMES.get(attempt.outcome, "")
-        else:
-            what = attempt.get_kind_display().lower()
-            outcome = ""
-        outcome = outcome or attempt.get_outcome_display().lower()
-        entry = TimelineEntry(
-            at=attempt.started_at,
-            kind="attempt",
-            title=f"Attempt {attempt.number}: {what} → {outcome}",
-            detail=" · ".join(p for p in parts if p),
-            actor=attempt.worker,
-            status=attempt.outcome,
-        )
-        keyed.append(((attempt.started_at, 0, attempt.id), entry))
-    for evidence in evidence_rows:
-        # A status left as it was says so: "Webhook: failed" read as if the webhook failed.
-        moved = (
-            f"{evidence.from_status} → {evidence.to_status}"
-            if evidence.from_status != evidence.to_status
-            else f"stays {evidence.to_status}" if evidence.to_status else ""
-        )
-        kind = evidence.get_kind_display()
-        entry = TimelineEntry(
-            at=evidence.created_at,
-            kind="evidence",
-            title=f"{kind}: {moved}" if moved else kind,
-            detail=evidence.summary,
-            actor=evidence.actor.username if evidence.actor else "",
-            status=evidence.to_status,
-        )
-        keyed.append(((evidence.created_at, 1, evidence.id), entry))
-    for event in op.webhooks.order_by("id"):
-        entry = TimelineEntry(
-            at=event.received_at,
-            kind="webhook",
-            title=f"Webhook {event.provider} {event.event_type}",
-            detail=" · ".join(p for p in (
-                event.event_id, event.outcome,
-                f"delivered {event.deliveries} times, applied at most once"
-                if event.deliveries > 1 else "",
-            ) if p),
-        )
-        keyed.append(((event.received_at, 2, event.id), entry))
-    audit = AuditEvent.objects.filter(object_type="operation", object_id=op.id).order_by("id")
-    for event in audit:
-        entry = TimelineEntry(
-            at=event.created_at,
-            kind="audit",
-            title=_AUDIT_TITLES.get(event.action, "Audit event"),
-            detail=event.reason,
-            actor=event.actor_username or "system",
-            code=event.action,
-        )
-        keyed.append(((event.created_at, 3, event.id), entry))
-    keyed.sort(key=lambda pair: pair[0])
-    return [entry for _, entry in keyed]

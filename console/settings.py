@@ -174,9 +174,13 @@ AUTH_PASSWORD_VALIDATORS = [
 
 # Guessing passwords: after LOGIN_FAILURE_LIMIT wrong ones for one username from one address,
 # that pair is refused for LOGIN_LOCKOUT_MINUTES, however right the next password (django-axes;
-# a success before the limit starts the count again). The address is the connection's: behind
-# a front server every sign-in comes from its address, so the lockout is then per username,
-# anyone's wrong guesses included; an admin lifts one with `manage.py axes_reset_username`.
+# a success before the limit starts the count again); an admin lifts one with
+# `manage.py axes_reset_username`. The address is the connection's unless FORWARDING_PROXIES
+# says how many front servers (nginx alone: 1) add to X-Forwarded-For on the way in. Without
+# it, behind a front server every sign-in came from its address: anyone's five wrong
+# guesses paused an approver everywhere.
+FORWARDING_PROXIES = _int_env("FORWARDING_PROXIES", "0", positive=False, maximum=MAX_COUNT)
+AXES_CLIENT_IP_CALLABLE = "console.sign_in.sign_in_address"
 AXES_FAILURE_LIMIT = _int_env("LOGIN_FAILURE_LIMIT", "5", maximum=MAX_COUNT)
 AXES_COOLOFF_TIME = timedelta(
     minutes=_int_env("LOGIN_LOCKOUT_MINUTES", "15", maximum=MAX_SECONDS // 60)

@@ -495,3 +495,11 @@ def test_it_takes_the_host_patterns_django_matches():
     result = run_check(**{**DEPLOYED,
                           "ALLOWED_HOSTS": "console.example.com,.example.com,*,[::1],10.0.0.5"})
     assert result.returncode == 0, result.stderr
+
+
+def test_it_refuses_a_number_of_front_servers_that_is_no_number():
+    result = run_check(DEBUG="1", FORWARDING_PROXIES="nginx")
+    assert result.returncode == 3
+    assert result.stderr.strip() == (
+        "configuration error: FORWARDING_PROXIES='nginx' is not a whole number")
+    assert run_check(DEBUG="1", FORWARDING_PROXIES="2").returncode == 0

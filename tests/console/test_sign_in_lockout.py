@@ -89,3 +89,46 @@ def test_it_lets_the_right_password_in_fifteen_minutes_after_the_pause_began(app
     _minutes_pass(6)  # 16 minutes after the fifth wrong password
     client, response = _sign_in("approver", PASSWORD)
     assert response.status_code == 302 and _signed_in(client)
+
+
+def _sign_in_through(forwarded_for: str, username: str, password: str, *,
+                     front: str = "10.0.0.2"):
+    client = Client(REMOTE_ADDR=front, HTTP_X_FORWARDED_FOR=forwarded_for)
+    return client, client.post("/login/", {"username": username, "password": password})
+
+
+def test_it_pauses_the_address_a_front_server_was_reached_from_not_the_front_server(
+    approver, settings
+):
+    """Behind nginx every sign-in came from nginx's address: anyone's five wrong guesses
+    paused the approver for everyone."""
+    settings.FORWARDING_PROXIES = 1
+    for _ in range(5):
+        _sign_in_through("198.51.100.1", "approver", "guess")
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"198.51.100.1"}
+    assert _sign_in_through("198.51.100.1", "approver", PASSWORD)[1].status_code == 429
+    # What the guesser writes into the header itself comes before nginx's entry: passed over.
+    assert _sign_in_through("203.0.113.7, 198.51.100.1", "approver", PASSWORD)[1].status_code == 429
+    assert _sign_in_through("junk, 198.51.100.1", "approver", PASSWORD)[1].status_code == 429
+
+    client, response = _sign_in_through("198.51.100.2", "approver", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)
+
+
+def test_it_takes_the_address_the_outermost_of_two_front_servers_was_reached_from(
+    approver, settings
+):
+    settings.FORWARDING_PROXIES = 2
+    # The balancer wrote the client, nginx the balancer; the client's own entry comes first.
+    _sign_in_through("203.0.113.7, 198.51.100.1, 10.0.0.3", "approver", "guess")
+    # Not through both: the connection's own address.
+    _sign_in_through("198.51.100.9", "approver", "guess", front="10.0.0.4")
+    assert sorted(AccessAttempt.objects.values_list("ip_address", flat=True)) == [
+        "10.0.0.4", "198.51.100.1"]
+
+
+def test_it_ignores_x_forwarded_for_unless_told_of_front_servers(approver):
+    for n in range(5):
+        _sign_in_through(f"198.51.100.{n}", "approver", "guess")
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"10.0.0.2"}
+    assert _sign_in_through("198.51.100.99", "approver", PASSWORD)[1].status_code == 429

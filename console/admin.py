@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
-from console.roles import user_delete, user_password_record, user_save
+from console.roles import user_create, user_delete, user_password_record, user_save
 
 User = get_user_model()
 
@@ -25,10 +25,18 @@ class AuditedUserAdmin(UserAdmin):
     each tenant they hold a role on, as `manage.py grant` puts it there."""
 
     def save_model(self, request: HttpRequest, obj, form: Any, change: bool) -> None:
-        if change:
-            user_save(user=obj, actor=request.user)
-        else:
-            super().save_model(request, obj, form, change)
+        if not change:
+            user_create(user=obj, actor=request.user)
+        # A change is saved with its groups and permissions (save_related): one event on the
+        # trail says all that one save changed.
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        if not change:
+            super().save_related(request, form, formsets, change)
+            return
+        user_save(user=form.instance, actor=request.user,
+                  save_related=lambda: super(AuditedUserAdmin, self).save_related(
+                      request, form, formsets, change))
 
     @method_decorator(sensitive_post_parameters())
     def user_change_password(

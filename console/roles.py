@@ -4,6 +4,7 @@ what a person is shown they hold comes from TenantRole, never from their groups.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from django.contrib.auth import get_user_model
@@ -184,20 +185,50 @@ def user_delete(*, user, actor=None, reason: str = "") -> None:
 TRAILED_FIELDS = ("is_active", "is_staff", "is_superuser", "username")
 
 
-def user_save(*, user, actor=None) -> None:
-    """Save a person's account as changed in /admin/; a change of its access flags or its
-    username goes on the trail of each tenant they hold a role on (deactivating an approver
-    stops their approvals there as surely as a revoke)."""
+def _access_held(user) -> dict[str, list[str]]:
+    """The groups and model permissions /admin/ gives a person: with them a staff member may
+    change other people's accounts there (their flags, their passwords)."""
+    return {
+        "groups": sorted(user.groups.values_list("name", flat=True)),
+        "user_permissions": sorted(
+            f"{app}.{codename}" for app, codename in user.user_permissions.values_list(
+                "content_type__app_label", "codename")
+        ),
+    }
+
+
+def user_create(*, user, actor=None) -> None:
+    """Save an account made in /admin/. It holds no role yet: it goes on the trail of no
+    tenant, which the installation's administrator reads."""
+    with transaction.atomic():
+        user.save()
+        _user_event_record(
+            user=user, tenants=[None], actor=actor, action="user.create",
+            after={flag: getattr(user, flag) for flag in TRAILED_FIELDS},
+        )
+
+
+def user_save(*, user, actor=None, save_related: Callable[[], None] | None = None) -> None:
+    """Save a person's account as changed in /admin/, and with `save_related` their groups
+    and permissions; a change of its access flags, its username, its groups or its
+    permissions goes on the trail of each tenant they hold a role on (deactivating an
+    approver stops their approvals there as surely as a revoke), as one event."""
     with transaction.atomic():
         _user_lock(user)
-        before = get_user_model().objects.filter(pk=user.pk).values(*TRAILED_FIELDS).get()
+        before = {
+            **get_user_model().objects.filter(pk=user.pk).values(*TRAILED_FIELDS).get(),
+            **_access_held(user),
+        }
         user.save()
-        changed = [flag for flag in TRAILED_FIELDS if before[flag] != getattr(user, flag)]
+        if save_related is not None:
+            save_related()
+        after = {**{flag: getattr(user, flag) for flag in TRAILED_FIELDS}, **_access_held(user)}
+        changed = [name for name in before if before[name] != after[name]]
         if changed:
             _user_event_record(
                 user=user, tenants=_tenants_held(user), actor=actor, action="user.update",
-                before={flag: before[flag] for flag in changed},
-                after={flag: getattr(user, flag) for flag in changed},
+                before={name: before[name] for name in changed},
+                after={name: after[name] for name in changed},
             )
 
 

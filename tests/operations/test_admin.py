@@ -16,6 +16,19 @@ def superuser_client(django_user_model) -> Client:
     return client
 
 
+def _change_page(user) -> dict:
+    """A person's change form in /admin/ as the browser sends it back untouched."""
+    page = {"username": user.username, "date_joined_0": "2024-01-01",
+            "date_joined_1": "00:00:00",
+            "groups": [str(pk) for pk in user.groups.values_list("pk", flat=True)],
+            "user_permissions": [
+                str(pk) for pk in user.user_permissions.values_list("pk", flat=True)]}
+    for flag in ("is_active", "is_staff", "is_superuser"):
+        if getattr(user, flag):
+            page[flag] = "on"
+    return page
+
+
 @pytest.mark.django_db
 def test_it_audits_a_tenant_added_and_changed_in_the_admin(superuser_client):
     added = superuser_client.post("/admin/operations/tenant/add/", {
@@ -128,9 +141,8 @@ def test_it_audits_a_password_reset_of_an_approver_in_the_admin(superuser_client
 def test_it_audits_an_approver_deactivated_or_made_staff_in_the_admin(
     superuser_client, approver, acme
 ):
-    page = {"username": "approver", "date_joined_0": "2024-01-01",
-            "date_joined_1": "00:00:00"}
-    # is_active left out: the box unticked.
+    page = _change_page(approver)
+    del page["is_active"]  # the box unticked
     changed = superuser_client.post(f"/admin/auth/user/{approver.pk}/change/",
                                     {**page, "is_staff": "on"})
     assert changed.status_code == 302
@@ -153,8 +165,7 @@ def test_it_audits_an_approver_deactivated_or_made_staff_in_the_admin(
 def test_it_audits_an_approver_renamed_in_the_admin_under_both_names(
     superuser_client, approver, acme
 ):
-    page = {"username": "approver-ann", "is_active": "on", "date_joined_0": "2024-01-01",
-            "date_joined_1": "00:00:00"}
+    page = {**_change_page(approver), "username": "approver-ann"}
     changed = superuser_client.post(f"/admin/auth/user/{approver.pk}/change/", page)
     assert changed.status_code == 302
     approver.refresh_from_db()
@@ -196,3 +207,53 @@ def test_it_shows_the_superuser_only_the_events_on_no_tenants_trail(
     staff = Client()
     staff.force_login(django_user_model.objects.create_user("staff", is_staff=True))
     assert staff.get("/admin/operations/auditevent/").status_code == 403
+
+
+@pytest.mark.django_db
+def test_it_audits_groups_and_permissions_given_in_the_admin_with_the_save_s_other_changes(
+    superuser_client, approver, acme
+):
+    """A staff member given the user admin's permissions may change other people's accounts
+    and passwords; who gave them that was on no trail."""
+    from django.contrib.auth.models import Group, Permission
+
+    editors = Group.objects.create(name="account editors")
+    change_user = Permission.objects.get(codename="change_user")
+    groups_before = sorted(approver.groups.values_list("name", flat=True))
+    page = _change_page(approver)
+    changed = superuser_client.post(f"/admin/auth/user/{approver.pk}/change/", {
+        **page, "is_staff": "on", "groups": [*page["groups"], str(editors.pk)],
+        "user_permissions": [str(change_user.pk)]})
+    assert changed.status_code == 302
+    assert approver.user_permissions.get() == change_user
+    event = AuditEvent.objects.get(tenant=acme, object_id="approver", action="user.update")
+    assert event.actor_username == "root"
+    assert event.before == {"is_staff": False, "groups": groups_before,
+                            "user_permissions": []}
+    assert event.after == {"is_staff": True,
+                           "groups": sorted([*groups_before, "account editors"]),
+                           "user_permissions": ["auth.change_user"]}
+
+    # Taken away again, alone.
+    approver.refresh_from_db()
+    superuser_client.post(f"/admin/auth/user/{approver.pk}/change/",
+                          {**_change_page(approver), "user_permissions": []})
+    taken = AuditEvent.objects.filter(action="user.update").latest("id")
+    assert (taken.before, taken.after) == (
+        {"user_permissions": ["auth.change_user"]}, {"user_permissions": []})
+    # Saved untouched: nothing on the trail.
+    superuser_client.post(f"/admin/auth/user/{approver.pk}/change/", _change_page(approver))
+    assert AuditEvent.objects.filter(action="user.update").count() == 2
+
+
+@pytest.mark.django_db
+def test_it_audits_an_account_made_in_the_admin_on_no_tenant_s_trail(superuser_client):
+    made = superuser_client.post("/admin/auth/user/add/", {
+        "username": "newcomer", "usable_password": "true",
+        "password1": "Gq7-long-enough-pw", "password2": "Gq7-long-enough-pw"})
+    assert made.status_code == 302
+    event = AuditEvent.objects.get(action="user.create")
+    assert (event.tenant, event.object_id, event.actor_username) == (None, "newcomer", "root")
+    assert event.after == {"is_active": True, "is_staff": False, "is_superuser": False,
+                           "username": "newcomer"}
+    assert "Gq7" not in str(event.after)

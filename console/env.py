@@ -87,6 +87,20 @@ def url_parts(name: str, raw: str) -> SplitResult:
     return parts
 
 
+def server_url_parts(name: str, raw: str) -> SplitResult:
+    """`url_parts` of a server's URL (the database's, the broker's), whose path and query
+    never hold an "@": one there came from a password with a "/" (or "#", "?") in it that
+    ended the host part early. With digits after it, the port check passes it, and the
+    console would reach a host named after the user, failing only at its first query."""
+    parts = url_parts(name, raw)
+    if "@" not in parts.netloc and "@" in raw.partition("//")[2]:
+        raise ConfigError(
+            f"{name} has an @ after its host part; if it carries a password, a character in "
+            "it may need percent-encoding (/ as %2F, # as %23, ? as %3F)"
+        )
+    return parts
+
+
 def url_shown(raw: str) -> str:
     """A URL as a start-up line may name it: scheme, host and port. Its user, password, path
     and query stay out (a base may carry credentials, a query a token)."""
@@ -138,7 +152,7 @@ def _database_url(environ: Mapping[str, str]) -> tuple[str, bool]:
                 "start it with `make services` (or `make run`), or set DATABASE_URL"
             )
         return url, True
-    parts = url_parts("DATABASE_URL", raw)
+    parts = server_url_parts("DATABASE_URL", raw)
     if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
         raise ConfigError(
             f"DATABASE_URL must be a PostgreSQL URL (postgresql://user@host:5432/name), "
@@ -159,7 +173,7 @@ def _redis_url(environ: Mapping[str, str]) -> tuple[str, bool]:
                 "start it with `make services` (or `make run`), or set REDIS_URL"
             )
         return url, True
-    parts = url_parts("REDIS_URL", raw)
+    parts = server_url_parts("REDIS_URL", raw)
     if parts.scheme not in {"redis", "rediss", "redis+socket"}:
         raise ConfigError(
             f"REDIS_URL must be a Redis URL (redis://host:6379/0), got scheme {parts.scheme!r}"

@@ -402,6 +402,22 @@ def test_it_never_prints_the_password_of_a_url_it_refuses(variable, url):
     assert "percent-encoding" in result.stderr
 
 
+@pytest.mark.parametrize(("variable", "url"), [
+    ("DATABASE_URL", "postgresql://console:4471/zs8Lm@db.internal:5432/console"),
+    ("DATABASE_URL", "postgresql://console:4471#zs8Lm@db.internal:5432/console"),
+    ("REDIS_URL", "redis://:4471?zs8Lm@redis.internal:6379/0"),
+])
+def test_it_refuses_a_server_url_whose_password_begins_with_digits_then_a_slash(
+    variable, url
+):
+    """Its digits read as a port that passes the port check: the console started and sent
+    every query to a host named after the user."""
+    result = run_check(**{**DEPLOYED, variable: url})
+    _one_line_naming(result, variable)
+    assert "4471" not in result.stderr and "zs8Lm" not in result.stderr, result.stderr
+    assert "percent-encoding" in result.stderr
+
+
 @pytest.mark.parametrize(("overrides", "variable"), [
     # A real provider without its key: the line names where the base points.
     ({"PAYMENTS_API_KEY": ""}, "PAYMENTS_API_KEY"),

@@ -143,7 +143,7 @@ def _storable(value: Any) -> bool:
     return True
 
 
-def _nested_deeper_than(value: Any, limit: int) -> bool:
+def nested_deeper_than(value: Any, limit: int) -> bool:
     """Walked without recursion, like `_storable`."""
     pending = [(value, 1)]
     while pending:
@@ -180,7 +180,7 @@ def signed_event_parse(body: bytes, *, what: str) -> SignedEvent:
         raise WebhookSignatureError(f"signed body is not a {what} event") from None
     if not _storable(event):
         raise WebhookSignatureError(f"signed {what} event holds text no database can store")
-    if _nested_deeper_than(event, EVENT_DEPTH_MAX):
+    if nested_deeper_than(event, EVENT_DEPTH_MAX):
         raise WebhookSignatureError(
             f"signed {what} event nests deeper than {EVENT_DEPTH_MAX} levels"
         )

@@ -464,7 +464,11 @@ def test_it_never_applies_a_patch_over_a_version_that_moved_meanwhile(db):
     assert SandboxWebhook.objects.count() == 0
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
+@pytest.mark.parametrize("body", [
+    b"{not json", b"[1, 2]",
+    # Nested past the parser's own limit, and within it but past what the answer walks.
+    b'{"a": ' * 5000 + b"1" + b"}" * 5000, b'{"a": ' * 900 + b"1" + b"}" * 900,
+], ids=["malformed", "array", "deeper than the parser", "deeper than the answer"])
 def test_it_refuses_a_body_that_is_not_a_json_object_with_a_400(sandbox, body):
     answer = ask("POST", f"{sandbox}/crm/deals", provider="crm", content=body,
                  headers={"Content-Type": "application/json"})

@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from operations.providers.base import request_fingerprint
 from operations.providers.payments import METADATA_VALUE_MAX_LENGTH, STRIPE_VERSION
-from operations.providers.signing import digests_equal
+from operations.providers.signing import digests_equal, nested_deeper_than
 from operations.sandbox import services
 from operations.sandbox.models import (
     Deal,
@@ -80,15 +80,23 @@ def not_allowed(request: HttpRequest) -> JsonResponse:
                  message=f"{request.method} is not allowed here")
 
 
+# How deep a JSON body may nest. The answer walks it recursively (its NUL check, its
+# fingerprint): past the stack, a nesting far below json.loads' own limit was a 500. The
+# adapters' requests nest two levels.
+PARAMS_DEPTH_MAX = 32
+
+
 def _params(request: HttpRequest) -> Params | None:
     if request.method == "GET":
         return dict(request.GET.items())
     if request.content_type == "application/json":
         try:
             params = json.loads(request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
-        return params if isinstance(params, dict) else None
+        if not isinstance(params, dict) or nested_deeper_than(params, PARAMS_DEPTH_MAX):
+            return None
+        return params
     return dict(request.POST.items())
 
 

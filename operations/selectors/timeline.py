@@ -235,9 +235,10 @@ def operation_timeline_length(op: Operation) -> int:
     return sum(counts.values())
 
 
-def operation_timeline(op: Operation, *, whole: bool = True) -> Timeline:
+def operation_timeline(op: Operation, *, whole: bool = False) -> Timeline:
     """Attempts, evidence, webhook events and audit events of one operation, in time order:
-    all of them, or (not `whole`) its first and newest entries when there are more."""
+    its first and newest entries when there are more than a page shows, or all of them
+    (`whole`)."""
     if whole:
         return Timeline(_timeline_end(op, newest=False, limit=None))
     length = operation_timeline_length(op)

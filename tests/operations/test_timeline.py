@@ -52,10 +52,10 @@ def _shown(html: str) -> list[str]:
 def test_it_shows_a_long_timeline_s_beginning_and_its_newest_entries(acme, approver):
     op = prepared_payment(acme, invoice_id="inv_long")
     _looked_up(op, times=300, account_switch_at=40, reference_at=300)
-    whole = list(operation_timeline(op))
+    whole = list(operation_timeline(op, whole=True))
     assert len(whole) > 600
 
-    shown = operation_timeline(op, whole=False)
+    shown = operation_timeline(op)
     # Exactly the whole timeline's first and last entries, in the same order, ties included.
     assert shown.head == whole[:TIMELINE_HEAD]
     assert shown.tail == whole[-TIMELINE_TAIL:]
@@ -80,18 +80,18 @@ def test_it_shows_the_whole_timeline_when_asked(acme, approver):
     op = prepared_payment(acme, invoice_id="inv_long")
     _looked_up(op, times=150)
     html = signed_in(approver).get(f"/operations/{op.id}/?timeline=whole").content.decode()
-    assert len(_shown(html)) == len(list(operation_timeline(op))) > 300
+    assert len(_shown(html)) == len(list(operation_timeline(op, whole=True))) > 300
     assert "not shown" not in html and "Attempt 75: " in html
 
 
 @pytest.mark.django_db
 def test_it_leaves_nothing_out_of_a_timeline_that_fits(acme, approver):
     op = prepared_payment(acme, invoice_id="inv_fits")
-    before = len(list(operation_timeline(op)))
+    before = len(list(operation_timeline(op, whole=True)))
     _looked_up(op, times=(TIMELINE_HEAD + TIMELINE_TAIL - before) // 2)
-    whole = list(operation_timeline(op))
+    whole = list(operation_timeline(op, whole=True))
     assert len(whole) in (TIMELINE_HEAD + TIMELINE_TAIL, TIMELINE_HEAD + TIMELINE_TAIL - 1)
-    assert list(operation_timeline(op, whole=False)) == whole
+    assert list(operation_timeline(op)) == whole
     html = signed_in(approver).get(f"/operations/{op.id}/").content.decode()
     assert len(_shown(html)) == len(whole) and "not shown" not in html
 

@@ -339,8 +339,15 @@ def transition(
     condition = Q(id=op.id, status__in=list(sources))
     if extra is not None:
         condition &= extra
+    # A caller that read the operation stuck (its lease run out, no answer recorded) has it
+    # read again under the lock: what the call did has been unknown since the lease ran out,
+    # and a provider event settling it before any sweep is that long a time to reconcile.
+    maybe_stuck = (
+        op.status == S.IN_PROGRESS and op.lease_expires_at is not None
+        and op.lease_expires_at <= now
+    )
     with transaction.atomic():
-        if len(sources) == 1 and S.UNKNOWN not in sources:
+        if len(sources) == 1 and S.UNKNOWN not in sources and not maybe_stuck:
             # A win can only have come from that one status, and every status but unknown
             # keeps unknown_since empty: nothing to read (this is execute's hot path).
             before = {"status": next(iter(sources)), "unknown_since": None,

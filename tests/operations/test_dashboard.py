@@ -171,6 +171,28 @@ def test_it_counts_the_time_to_reconcile_of_a_dead_workers_call_from_its_lease_r
     assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] >= 3600
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_counts_the_time_to_reconcile_of_a_stuck_operation_the_provider_reported_on(
+    acme, operator, sandbox
+):
+    """The worker kept the payment's id, as it does the moment it is known, and died before
+    the outcome; the provider's event settles it before any sweep came: straight from in
+    progress to succeeded, an hour after the lease ran out, and that hour was no sample."""
+    op = _stuck_for_an_hour(acme)
+    payment_id = payment_at_provider(op)
+    Operation.objects.filter(id=op.id).update(external_id=payment_id)
+    result, _ = webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_stuck", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id=payment_id, status="succeeded"))
+
+    op.refresh_from_db()
+    assert (result, op.status, op.external_id) == ("applied", "succeeded", payment_id)
+    assert PaymentIntent.objects.filter(metadata__operation_id=op.id).count() == 1
+    assert Attempt.objects.filter(operation=op).count() == 1  # the dead worker's call only
+    metrics = dashboard_metrics(operator)
+    assert metrics["reconcile_p95"] is not None and metrics["reconcile_p95"] >= 3600
+
+
 def test_it_counts_the_time_to_reconcile_of_a_stuck_operation_a_person_held_then_settled(
     acme, operator
 ):

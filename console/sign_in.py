@@ -3,24 +3,30 @@ wrong passwords (see settings, LOGIN_FAILURE_LIMIT)."""
 
 from __future__ import annotations
 
+import ipaddress
+
 from django.conf import settings
 from django.http import HttpRequest
-from ipware.ip import get_client_ip
 
 
 def sign_in_address(request: HttpRequest) -> str | None:
     proxies = settings.FORWARDING_PROXIES
-    if proxies:
-        # The client is the address the outermost front server was reached from: the entry
-        # it wrote, with one more after it from each server behind it. Entries a client
-        # wrote itself stand before those and are passed over; strict, one of them
-        # malformed would void the whole header.
-        address, _routable = get_client_ip(
-            request, proxy_count=proxies - 1, request_header_order=("HTTP_X_FORWARDED_FOR",),
-            strict=False,
-        )
-        if address is not None:
-            return address
-    # No front server; or a request that did not come through them all (X-Forwarded-For
-    # shorter than their number), whose own connection is all there is to go by.
-    return request.META.get("REMOTE_ADDR")
+    connection = request.META.get("REMOTE_ADDR")
+    if not proxies:
+        return connection
+    # Each front server appends the address it was reached from, after whatever the request
+    # already carried: the client's is the one the outermost wrote, `proxies` entries from
+    # the end. Everything before it is the client's own writing and is never parsed, only
+    # split on commas (a quote there must not join entries as a header parser would: one
+    # unclosed quote swallowed the front server's entry and handed the pause to an address
+    # the guesser chose).
+    entries = [entry.strip() for entry in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+    if len(entries) < proxies:
+        # It did not come through them all: its own connection is all there is to go by.
+        return connection
+    try:
+        return str(ipaddress.ip_address(entries[-proxies]))
+    except ValueError:
+        # Not what a front server writes (a port, a name): the front server's own address,
+        # as with no setting, rather than a text the pause would count apart.
+        return connection

@@ -110,6 +110,10 @@ def test_it_pauses_the_address_a_front_server_was_reached_from_not_the_front_ser
     # What the guesser writes into the header itself comes before nginx's entry: passed over.
     assert _sign_in_through("203.0.113.7, 198.51.100.1", "approver", PASSWORD)[1].status_code == 429
     assert _sign_in_through("junk, 198.51.100.1", "approver", PASSWORD)[1].status_code == 429
+    # An unclosed quote joined the rest of the header into one entry for a quote-aware
+    # parser, which dropped it and took the guesser's own entry for nginx's.
+    assert _sign_in_through('203.0.113.7, ", 198.51.100.1', "approver",
+                            PASSWORD)[1].status_code == 429
 
     client, response = _sign_in_through("198.51.100.2", "approver", PASSWORD)
     assert response.status_code == 302 and _signed_in(client)
@@ -132,3 +136,26 @@ def test_it_ignores_x_forwarded_for_unless_told_of_front_servers(approver):
         _sign_in_through(f"198.51.100.{n}", "approver", "guess")
     assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"10.0.0.2"}
     assert _sign_in_through("198.51.100.99", "approver", PASSWORD)[1].status_code == 429
+
+
+def test_it_never_lets_a_guesser_choose_the_address_the_pause_counts(approver, settings):
+    """Each guess written as coming from a fresh address, with an unclosed quote after it;
+    nginx appends the address it saw: that one is paused after five, and no other."""
+    settings.FORWARDING_PROXIES = 1
+    for n in range(5):
+        _sign_in_through(f'198.51.100.{n}, ", 203.0.113.50', "approver", "guess")
+    _, response = _sign_in_through('198.51.100.9, ", 203.0.113.50', "approver", PASSWORD)
+    assert response.status_code == 429
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"203.0.113.50"}
+    # The person at an address the guesser named signs in.
+    client, response = _sign_in_through("198.51.100.1", "approver", PASSWORD)
+    assert response.status_code == 302 and _signed_in(client)
+
+
+def test_it_counts_the_front_server_s_address_for_an_entry_no_front_server_writes(
+    approver, settings
+):
+    settings.FORWARDING_PROXIES = 1
+    _sign_in_through("198.51.100.1:443", "approver", "guess")
+    _sign_in_through("", "approver", "guess")
+    assert list(AccessAttempt.objects.values_list("ip_address", flat=True)) == ["10.0.0.2"]

@@ -201,7 +201,8 @@ def _timeline_end(op: Operation, *, newest: bool, limit: int | None) -> list[Tim
     else:
         # Read apart: the attempts shown may be checks of a reference recorded on evidence
         # not shown, and one attempt to another account anywhere makes each worth naming.
-        accounts = op.attempts.exclude(provider_account="").values(
+        # No ordering: Attempt's own would join the operation and make every row distinct.
+        accounts = op.attempts.exclude(provider_account="").order_by().values(
             "provider_account").distinct()[:2].count()
         references = _reference_checks(op.evidence.filter(data__has_key="provider_reference"))
     merged = heapq.merge(

@@ -76,6 +76,16 @@ def test_it_shows_a_long_timeline_s_beginning_and_its_newest_entries(acme, appro
 
 
 @pytest.mark.django_db
+def test_it_names_no_account_on_a_long_timeline_whose_requests_all_reached_one(acme):
+    op = prepared_payment(acme, invoice_id="inv_one_account")
+    _looked_up(op, times=150)
+    whole = list(operation_timeline(op, whole=True))
+    shown = operation_timeline(op)
+    assert shown.left_out and shown.tail == whole[-TIMELINE_TAIL:]
+    assert not any("account" in entry.detail for entry in shown)
+
+
+@pytest.mark.django_db
 def test_it_shows_the_whole_timeline_when_asked(acme, approver):
     op = prepared_payment(acme, invoice_id="inv_long")
     _looked_up(op, times=150)

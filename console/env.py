@@ -93,7 +93,7 @@ def server_url_parts(name: str, raw: str) -> SplitResult:
     ended the host part early. With digits after it, the port check passes it, and the
     console would reach a host named after the user, failing only at its first query."""
     parts = url_parts(name, raw)
-    if "@" not in parts.netloc and "@" in raw.partition("//")[2]:
+    if "@" in parts.path or "@" in parts.query or "@" in parts.fragment:
         raise ConfigError(
             f"{name} has an @ after its host part; if it carries a password, a character in "
             "it may need percent-encoding (/ as %2F, # as %23, ? as %3F)"

@@ -406,6 +406,8 @@ def test_it_never_prints_the_password_of_a_url_it_refuses(variable, url):
     ("DATABASE_URL", "postgresql://console:4471/zs8Lm@db.internal:5432/console"),
     ("DATABASE_URL", "postgresql://console:4471#zs8Lm@db.internal:5432/console"),
     ("REDIS_URL", "redis://:4471?zs8Lm@redis.internal:6379/0"),
+    # A user named user@server, as some managed PostgreSQL services name them.
+    ("DATABASE_URL", "postgresql://console@myserver:4471/zs8Lm@myserver.example.com:5432/c"),
 ])
 def test_it_refuses_a_server_url_whose_password_begins_with_digits_then_a_slash(
     variable, url

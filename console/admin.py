@@ -5,14 +5,22 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
-from console.roles import user_create, user_delete, user_password_record, user_save
+from console.roles import (
+    group_delete,
+    group_save,
+    user_create,
+    user_delete,
+    user_password_record,
+    user_save,
+)
 
 User = get_user_model()
 
@@ -67,5 +75,29 @@ class AuditedUserAdmin(UserAdmin):
                 user_delete(user=user, actor=request.user, reason=DELETED_IN_ADMIN)
 
 
+class AuditedGroupAdmin(GroupAdmin):
+    """Django's group admin, with a group made, renamed, given or taken permissions, or
+    deleted on the trail: every member holds what it gives."""
+
+    def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
+        # Saved with its permissions (save_related): one event says all one save changed.
+        pass
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        group_save(group=form.instance, actor=request.user,
+                   save_related=lambda: super(AuditedGroupAdmin, self).save_related(
+                       request, form, formsets, change))
+
+    def delete_model(self, request: HttpRequest, obj: Group) -> None:
+        group_delete(group=obj, actor=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        with transaction.atomic():
+            for group in queryset:
+                group_delete(group=group, actor=request.user)
+
+
 admin.site.unregister(User)
 admin.site.register(User, AuditedUserAdmin)
+admin.site.unregister(Group)
+admin.site.register(Group, AuditedGroupAdmin)

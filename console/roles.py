@@ -232,6 +232,65 @@ def user_save(*, user, actor=None, save_related: Callable[[], None] | None = Non
             )
 
 
+def _group_permissions(group: Group) -> list[str]:
+    return sorted(
+        f"{app}.{codename}" for app, codename in group.permissions.values_list(
+            "content_type__app_label", "codename")
+    )
+
+
+def _group_event_record(*, group: Group, actor, action: str, **event) -> None:
+    """On the trail of each tenant a member holds a role on (what the group gives, each of
+    them holds); a group no such person is in, on no tenant's."""
+    tenants = list(
+        Tenant.objects.filter(user_roles__user__groups=group).distinct()
+    ) or [None]
+    for tenant in tenants:
+        audit_event_record(actor=actor, action=action, tenant=tenant, object_type="group",
+                           object_id=group.name, **event)
+
+
+def group_save(
+    *, group: Group, actor=None, save_related: Callable[[], None] | None = None
+) -> None:
+    """Save a group as made or changed in /admin/, and with `save_related` its permissions.
+    Every member holds what it gives (with the user admin's, they may change other people's
+    accounts): one made, or its name or permissions changed, goes on the trail."""
+    with transaction.atomic():
+        if group.pk is None:
+            before = None
+        else:
+            locked = Group.objects.select_for_update().filter(pk=group.pk)
+            before = {"name": locked.values_list("name", flat=True).get(),
+                      "permissions": _group_permissions(group)}
+        group.save()
+        if save_related is not None:
+            save_related()
+        after = {"name": group.name, "permissions": _group_permissions(group)}
+        if before is None:
+            _group_event_record(group=group, actor=actor, action="group.create", after=after)
+            return
+        changed = [name for name in before if before[name] != after[name]]
+        if changed:
+            _group_event_record(
+                group=group, actor=actor, action="group.update",
+                before={name: before[name] for name in changed},
+                after={name: after[name] for name in changed},
+            )
+
+
+def group_delete(*, group: Group, actor=None) -> None:
+    """Delete a group: its members lose what it gave them, recorded as they would lose a
+    permission taken away one by one."""
+    with transaction.atomic():
+        Group.objects.select_for_update().filter(pk=group.pk).values_list("pk").first()
+        _group_event_record(
+            group=group, actor=actor, action="group.delete",
+            before={"name": group.name, "permissions": _group_permissions(group)},
+        )
+        group.delete()
+
+
 def user_password_record(*, user, actor=None) -> None:
     """Record that the person's password was set (or taken away) by someone else: whoever
     sets it can sign in as them and act in their name on every tenant they hold a role on.

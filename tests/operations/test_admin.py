@@ -257,3 +257,43 @@ def test_it_audits_an_account_made_in_the_admin_on_no_tenant_s_trail(superuser_c
     assert event.after == {"is_active": True, "is_staff": False, "is_superuser": False,
                            "username": "newcomer"}
     assert "Gq7" not in str(event.after)
+
+
+@pytest.mark.django_db
+def test_it_audits_a_group_s_permissions_on_the_trails_its_members_act_on(
+    superuser_client, approver, acme, globex
+):
+    """Every member holds what a group gives: the user admin's permissions given to a group
+    an approver is in let them change other people's accounts, and that was on no trail."""
+    from django.contrib.auth.models import Group, Permission
+
+    made = superuser_client.post("/admin/auth/group/add/", {"name": "account editors"})
+    assert made.status_code == 302
+    editors = Group.objects.get(name="account editors")
+    created = AuditEvent.objects.get(action="group.create")
+    assert (created.tenant, created.object_id, created.actor_username) == (
+        None, "account editors", "root")
+    assert created.after == {"name": "account editors", "permissions": []}
+
+    approver.groups.add(editors)
+    change_user = Permission.objects.get(codename="change_user")
+    changed = superuser_client.post(f"/admin/auth/group/{editors.pk}/change/", {
+        "name": "account editors", "permissions": [str(change_user.pk)]})
+    assert changed.status_code == 302
+    update = AuditEvent.objects.get(action="group.update")
+    # On the trail of the tenant its member acts on, not on another's.
+    assert (update.tenant, update.object_id, update.actor_username) == (
+        acme, "account editors", "root")
+    assert (update.before, update.after) == (
+        {"permissions": []}, {"permissions": ["auth.change_user"]})
+    # Saved untouched: nothing more.
+    superuser_client.post(f"/admin/auth/group/{editors.pk}/change/", {
+        "name": "account editors", "permissions": [str(change_user.pk)]})
+    assert AuditEvent.objects.filter(action="group.update").count() == 1
+
+    superuser_client.post(f"/admin/auth/group/{editors.pk}/delete/", {"post": "yes"})
+    assert not Group.objects.filter(pk=editors.pk).exists()
+    deleted = AuditEvent.objects.get(action="group.delete")
+    assert (deleted.tenant, deleted.before) == (
+        acme, {"name": "account editors", "permissions": ["auth.change_user"]})
+    assert not AuditEvent.objects.filter(tenant=globex, object_type="group").exists()

@@ -54,6 +54,10 @@ class ReconcileReport:
     status: str
     detail: str = ""
     may_call_again: bool = False
+    # False when another fact (an event, a late answer, a person) moved the operation while
+    # the lookup was out and the lookup's own write lost: its audit row must not read as the
+    # move.
+    moved: bool = True
 
 
 def lookup_record(
@@ -83,7 +87,7 @@ def lookup_record(
             # An event settled it with another object meanwhile: this one moved money too.
             return _another_object_found(op, attempt, found, to=found_at, data=data,
                                          actor=actor)
-        if found_at is not None and (op.resolved_manually or op.status == S.DISPUTED):
+        if found_at is not None and _decided_by_a_person(op):
             # A person decided while this lookup was out: what it found may contradict them.
             return _found_after_a_decision(op, attempt, found, to=found_at, data=data,
                                            actor=actor)
@@ -141,7 +145,7 @@ def _found_record(
     if to == op.status:
         # Still pending at the provider: look again after the usual wait, not at every
         # sweep (a due time left in the past would ask the provider every few seconds).
-        _lookup_noted(
+        noted = _lookup_noted(
             op, calls_before=calls_before,
             summary=f"provider still reports {found.status} for {found.external_id}",
             data=data, actor=actor,
@@ -150,6 +154,11 @@ def _found_record(
             # The provider answers again: any earlier failing lookups are behind us.
             fields={"lookups_failing_since": None},
         )
+        if not noted:
+            op.refresh_from_db()
+            if _decided_by_a_person(op):
+                return _found_after_a_decision(op, attempt, found, to=to, data=data,
+                                               actor=actor)
         return ReconcileReport(op.id, "found", op.status, "unchanged")
     fields: dict[str, Any] = {
         "external_id": found.external_id or op.external_id,
@@ -175,7 +184,12 @@ def _found_record(
         or (outcome_open(op) and _another_object_recorded(op, found))
     ):
         return _another_object_found(op, attempt, found, to=to, data=data, actor=actor)
-    return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}")
+    if not won and _decided_by_a_person(op):
+        # A person decided between the read above and this transition: what the lookup
+        # found may contradict them (a payment after they failed it), and dropped here it
+        # would let the intent be replaced and paid again.
+        return _found_after_a_decision(op, attempt, found, to=to, data=data, actor=actor)
+    return ReconcileReport(op.id, "found", op.status, f"found {found.external_id}", moved=won)
 
 
 def _absence_record(
@@ -418,6 +432,11 @@ def _another_object_recorded(op: Operation, found: LookupResult) -> bool:
     return bool(found.external_id and op.external_id and op.external_id != found.external_id)
 
 
+def _decided_by_a_person(op: Operation) -> bool:
+    """Settled by a person's resolution, or on hold by their dispute (`op` as just read)."""
+    return not outcome_open(op) and (op.resolved_manually or op.status == S.DISPUTED)
+
+
 def _second_effect_found(op: Operation, found: LookupResult, *, to: str) -> bool:
     """Another object than the recorded one, that moved money or is moving it: a second
     effect of one intent, whatever the operation's status now."""
@@ -451,7 +470,8 @@ def _another_object_found(
         )
     op.refresh_from_db()
     return ReconcileReport(
-        op.id, "found", op.status, f"found {found.external_id}, not the recorded {op.external_id}"
+        op.id, "found", op.status,
+        f"found {found.external_id}, not the recorded {op.external_id}", moved=False,
     )
 
 
@@ -467,7 +487,8 @@ def _found_after_a_decision(
         locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
         why = provider_report_held(locked, external_id=found.external_id, target=to, mismatch="")
         if not why:
-            return ReconcileReport(op.id, "nothing_to_do", locked.status, "settled meanwhile")
+            return ReconcileReport(op.id, "nothing_to_do", locked.status, "settled meanwhile",
+                                   moved=False)
         Attempt.objects.filter(id=attempt.id).update(needs_review=True, review_note=why[:500])
         Evidence.objects.create(
             operation=locked, kind=EvidenceKind.LOOKUP, from_status=locked.status,
@@ -475,7 +496,8 @@ def _found_after_a_decision(
             summary=f"provider lookup ({found.method}) found {found.external_id}: "
             f"{found.status}, after a person's decision; held for review: {why}",
         )
-    return ReconcileReport(op.id, "found", locked.status, f"held for review: {why}")
+    return ReconcileReport(op.id, "found", locked.status, f"held for review: {why}",
+                           moved=False)
 
 
 def _transition_deciding_kept(op: Operation, **transition_args: Any) -> bool:
@@ -522,6 +544,11 @@ def _left_waiting_on_someone_else(
         # An event recorded another payment after this lookup's read: the write above kept
         # off it, and the one found, under way too, is a second effect.
         return _another_object_found(op, attempt, found, to=S.ACCEPTED, data=data, actor=actor)
+    if _decided_by_a_person(op):
+        # A person failed or held it while this lookup was out: a payment still under way
+        # is for them to see, not dropped with the write that lost.
+        return _found_after_a_decision(op, attempt, found, to=S.ACCEPTED, data=data,
+                                       actor=actor)
     if found.external_id and op.external_id == found.external_id:
         # Events kept while a call was in flight, now that its object is known (its
         # customer's answer, reported meanwhile, settles it here).
@@ -535,19 +562,23 @@ def _lookup_noted(
     op: Operation, *, calls_before: int, summary: str, data: dict[str, Any],
     actor: AbstractUser | None, next_reconcile_at: datetime | None,
     fields: dict[str, Any] | None = None,
-) -> None:
+) -> bool:
     """A lookup that leaves the status where it is: its evidence, and when to look again
     (and `fields` it found out), in one transaction. The schedule only while the status is
     still the one looked up and no call was made since the lookup began: that call's own
-    schedule stands."""
+    schedule stands. False when it did not (the operation moved on meanwhile)."""
     with transaction.atomic():
         found_object = (fields or {}).get("external_id")
-        Operation.objects.filter(
+        noted = Operation.objects.filter(
             # Nor another object than the one found, recorded by an event meanwhile.
             Q(external_id__in=["", found_object]) if found_object else Q(),
             id=op.id, status=op.status, provider_calls=calls_before,
-        ).update(**{**(fields or {}), "next_reconcile_at": next_reconcile_at})
+        ).update(**{**(fields or {}), "next_reconcile_at": next_reconcile_at}) == 1
+        # Moved on meanwhile: the evidence says the status it stands beside.
+        status = op.status if noted else (
+            Operation.objects.values_list("status", flat=True).get(id=op.id))
         Evidence.objects.create(
-            operation=op, kind=EvidenceKind.LOOKUP, from_status=op.status,
-            to_status=op.status, summary=summary, data=data, actor=actor,
+            operation=op, kind=EvidenceKind.LOOKUP, from_status=status,
+            to_status=status, summary=summary, data=data, actor=actor,
         )
+    return noted

@@ -148,7 +148,7 @@ def _reconcile_audited(
     while it was out) moved nothing: said so, or beside that fact's own row the trail would
     read as if this lookup had made the move."""
     after = {"status": report.status, "lookup": found.outcome, "detail": found.reason}
-    if report.outcome in ("nothing_to_do", "stale"):
+    if report.outcome in ("nothing_to_do", "stale") or not report.moved:
         after["moved"] = f"nothing: {report.detail}"
     elif report.detail == "unchanged" and report.status != looked_up_status:
         # Found as the journal already held it (still processing: accepted), where an event

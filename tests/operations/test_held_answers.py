@@ -329,6 +329,33 @@ def test_it_never_closes_a_payment_a_lookup_found_processing_on_a_stalled_worker
     assert list(PaymentIntent.objects.values_list("id", flat=True)) == [other["id"]]
 
 
+def reconciled_resolved_before_its_write(
+    op, monkeypatch, *, write: str, resolver, outcome: str, **reconcile
+):
+    """A reconcile of `op` (`reconcile`: its actor and reason) whose lookup has read the
+    operation after the provider answered; `resolver` resolves it as `outcome` on their
+    words just before the lookup's own `write` (a function of operations.engine.findings)
+    runs: the narrowest window there is."""
+    from operations.engine import findings
+
+    real = getattr(findings, write)
+    decided = []
+
+    def decided_first(*args, **kwargs):
+        if not decided:
+            decided.append(True)
+            engine.operation_resolve(operation_id=op.id, actor=resolver, outcome=outcome,
+                                     evidence_text="no debit on the statement",
+                                     reason="checked with treasury")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(findings, write, decided_first)
+    report = engine.operation_reconcile(operation_id=op.id, **reconcile)
+    monkeypatch.undo()
+    assert decided
+    return report
+
+
 def reconciled_while_resolved(op, monkeypatch, *, actor, outcome: str, evidence_text: str):
     """A reconcile of `op` whose lookup, once it has the provider's answer and before it is
     recorded, sees `actor` resolve the operation as `outcome` on their words."""
@@ -417,3 +444,64 @@ def test_it_holds_a_payment_a_lookup_found_while_a_person_failed_the_operation_o
     assert replaced_and_run(op, approver) is None
     assert PaymentIntent.objects.count() == 1
     assert not sandbox_writes(provider="payments").exists()  # no replacement, no call
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_a_lookup_found_when_a_person_failed_it_just_before_its_write(
+    acme_unknown, approver, operator, sandbox, monkeypatch
+):
+    """The person's failure lands after the lookup read the operation open and before its
+    own transition: the transition loses, and the payment it found was dropped with it, so
+    the failed intent could be replaced and paid a second time. A person's reconcile that
+    lost so says on the trail it moved nothing."""
+    from operations.models import AuditEvent
+
+    op = acme_unknown
+    intent_id = sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True,
+    )["id"]
+    reconciled_resolved_before_its_write(
+        op, monkeypatch, write="_transition_deciding_kept", resolver=operator,
+        outcome=S.FAILED, actor=operator, reason="the vendor asks",
+    )
+
+    op.refresh_from_db()
+    lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
+    assert (op.status, op.resolved_manually) == (S.FAILED, True)
+    assert list(answers_held_for_review(operation=op)) == [lookup]
+    assert lookup.review_note.startswith(f"the provider reports succeeded ({intent_id})")
+    audited = AuditEvent.objects.get(object_id=op.id, action="operation.reconcile")
+    assert audited.after["moved"].startswith("nothing: held for review")
+    assert replaced_and_run(op, approver) is None
+    assert PaymentIntent.objects.count() == 1
+    assert not sandbox_writes(provider="payments").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_holds_a_payment_waiting_on_its_customer_when_a_person_failed_it_meanwhile(
+    acme_unknown, approver, operator, sandbox, monkeypatch
+):
+    """Found waiting for the customer's 3-D Secure, which no lookup settles; the person's
+    failure lands just before the lookup notes it. Dropped, the customer could still
+    confirm the payment after a replacement paid."""
+    from operations.engine.core import adapter, snapshot
+
+    op = acme_unknown
+    sandbox_fault_set(provider="payments", kind="requires_action", match=op.id)
+    assert adapter(op.action).call(snapshot(op)).outcome == "accepted"  # its answer lost
+    intent_id = PaymentIntent.objects.get(status="requires_action").id
+    reconciled_resolved_before_its_write(
+        op, monkeypatch, write="_lookup_noted", resolver=operator, outcome=S.FAILED,
+    )
+
+    op.refresh_from_db()
+    lookup = op.attempts.get(kind=AttemptKind.LOOKUP)
+    assert (op.status, op.resolved_manually) == (S.FAILED, True)
+    assert list(answers_held_for_review(operation=op)) == [lookup]
+    assert intent_id in lookup.review_note
+    # The note of the lookup stands beside the status it found on arrival, not a stale one.
+    noted = op.evidence.filter(kind="lookup").order_by("id").first()
+    assert (noted.from_status, noted.to_status) == (S.FAILED, S.FAILED)
+    assert replaced_and_run(op, approver) is None
+    assert PaymentIntent.objects.count() == 1

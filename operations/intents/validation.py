@@ -592,7 +592,8 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
                 f"(U+{ord(odd_space.group()):04X}) that would make two different values read "
                 "alike"
             )
-        if _SPACES_IN_A_ROW in value:
+        # Not in a deal's name either (below): typed text has them, and it routes nothing.
+        if _SPACES_IN_A_ROW in value and name not in _NAMES:
             raise IntentError(
                 f"{action}: {name} holds spaces in a row, which a page shows as one and "
                 "would make two different values read alike"

@@ -1017,13 +1017,16 @@ def test_it_keeps_words_each_in_one_script(action, payload):
     "\u0394T sensors",
     "\u0411i\u0440\u043bi\u043a renewal",  # Kazakh, a Latin i for the Cyrillic one
     "A\u200c\u0441\u200cme renewal",
+    "Acme  renewal 2026",  # spaces in a row, as people type them
 ])
 def test_it_keeps_a_deal_name_whose_words_mix_scripts(name):
     """A deal's name routes no money and no message: its words are a company's or a
     product's, as people type them. The same word is refused where it names a payee."""
     intent_validate(action="crm.create_deal", payload={**DEAL, "name": name})
     intent_validate(action="crm.update_deal", payload={**DEAL_CHANGE, "patch": {"name": name}})
-    with pytest.raises(IntentError, match=r"letters in one word|invisible character"):
+    with pytest.raises(
+        IntentError, match=r"letters in one word|invisible character|spaces in a row"
+    ):
         intent_validate(action="payments.create", payload={**PAYMENT, "beneficiary_id": name})
 
 

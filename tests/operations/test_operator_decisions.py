@@ -144,11 +144,15 @@ def test_it_takes_a_decision_from_a_page_showing_hundreds_of_held_events(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("shown", ["12 evt_x", "12 \u00b2", "\u0661\u0662"])
+@pytest.mark.parametrize("shown", [
+    "12 evt_x", "12 \u00b2", "\u0661\u0662",
+    " ".join(str(n) for n in range(1, 10_002)),  # more than any page names
+], ids=["not-a-number", "superscript", "arabic-digits", "ten-thousand-and-one"])
 def test_it_refuses_a_decision_from_a_page_whose_held_events_do_not_parse(
     acme_unknown, operator, shown
 ):
     # A superscript two is a digit to str.isdigit() and no number to int(): it was a 500.
+    # Each id is a parameter of the decision's queries: 300,000 fit in a request.
     op = acme_unknown
     response = signed_in(operator).post(f"/operations/{op.id}/dispute", {
         "dispute-reason": "on hold", "dispute-held_shown": shown})

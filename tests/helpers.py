@@ -122,6 +122,17 @@ def queries_run() -> Iterator[list[tuple[str, Any]]]:
         yield seen
 
 
+def a_statement_waits_on_a_lock() -> bool:
+    """Whether a session of this test's database waits on a lock. In this database only:
+    other test runs (CI's, a developer's) may share the server, and a wait of theirs would
+    say ours had begun before it had."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0] > 0
+
+
 def page_and_query_count(client: Client, url: str) -> tuple[int, str]:
     """GET `url` (it must answer 200): how many queries it ran, and its HTML."""
     from django.test.utils import CaptureQueriesContext

@@ -9,7 +9,7 @@ from approvals.models import Approval, ApprovalStatus
 from approvals.services import ApprovalRefused, approval_approve
 from operations.engine import operation_authorize
 from operations.models import AuditEvent, Operation
-from tests.helpers import Background
+from tests.helpers import Background, a_statement_waits_on_a_lock
 
 
 @pytest.mark.django_db(transaction=True)
@@ -74,12 +74,7 @@ def test_it_locks_the_operation_before_the_approval_as_a_supersede_does(
     assert holding.wait(timeout=10)
     decision = Background(lambda: approval_approve(approval_id=approval.id, actor=approver))
 
-    def decision_waits() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            return cursor.fetchone()[0] > 0
-
-    wait_for(decision_waits, what="the decision to wait for a lock")
+    wait_for(a_statement_waits_on_a_lock, what="the decision to wait for a lock")
     # It waits on the operation, so the approval is still free for the supersede to take.
     try:
         with transaction.atomic():

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.test import Client
 from guardian.shortcuts import get_user_perms, remove_perm
 
@@ -15,7 +14,7 @@ from console.roles import role_grant, role_revoke
 from operations.models import AuditEvent, TenantRole
 from operations.services import audit_event_record
 from tests.factories import UserFactory
-from tests.helpers import Background, migrated_back_to, wait_for
+from tests.helpers import Background, a_statement_waits_on_a_lock, migrated_back_to, wait_for
 
 
 @pytest.mark.django_db
@@ -256,13 +255,9 @@ def _beside(call: Callable[[], object]) -> Background:
         finally:
             done.set()
 
-    def waiting_on_a_lock() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            return cursor.fetchone()[0] > 0
-
     second = Background(run)
-    wait_for(lambda: done.is_set() or waiting_on_a_lock(), what="the second call to block or end")
+    wait_for(lambda: done.is_set() or a_statement_waits_on_a_lock(),
+             what="the second call to block or end")
     return second
 
 

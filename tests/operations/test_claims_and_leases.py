@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import pytest
 from celery.app.task import Task
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from operations import engine, tasks
@@ -27,7 +27,7 @@ from operations.sandbox.models import PaymentIntent
 from operations.sandbox.selectors import sandbox_counts
 from operations.sandbox.services import sandbox_fault_set
 from operations.tasks import execute_operation, sweep_operations
-from tests.helpers import Background, wait_for
+from tests.helpers import Background, a_statement_waits_on_a_lock, wait_for
 from tests.operations.engine_helpers import (
     authorized_payment,
     died_mid_call,
@@ -379,12 +379,7 @@ def test_it_does_not_claim_on_an_authorization_that_ran_out_while_it_waited_for_
     assert holding.wait(timeout=10)
     call = Background(lambda: engine.operation_execute(operation_id=op.id, worker="A"))
 
-    def claim_waits() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            return cursor.fetchone()[0] > 0
-
-    wait_for(claim_waits, what="the claim to wait for the row")
+    wait_for(a_statement_waits_on_a_lock, what="the claim to wait for the row")
     time.sleep(max((expires_at - timezone.now()).total_seconds(), 0) + 0.2)
     release.set()
     holder.join()

@@ -11,7 +11,6 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from operations import engine
@@ -31,7 +30,7 @@ from operations.sandbox.services import (
     sandbox_payment_settle,
 )
 from operations.selectors import operations_unknown_queue, webhooks_held_for_review
-from tests.helpers import Background, signed_in, wait_for
+from tests.helpers import Background, a_statement_waits_on_a_lock, signed_in, wait_for
 from tests.operations.engine_helpers import (
     PAYMENT,
     async_payment,
@@ -219,15 +218,6 @@ def test_it_makes_no_call_when_an_event_is_held_while_a_worker_claims_the_operat
     assert not sandbox_writes(provider="payments", operation_id=op.id).exists()
     assert op.provider_calls == 0
     assert PaymentIntent.objects.count() == 1
-
-
-def a_statement_waits_on_a_lock() -> bool:
-    # In this test's database only: other test runs may share the server.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE NOT l.granted AND a.datname = current_database()")
-        return cursor.fetchone()[0] > 0
 
 
 @pytest.mark.django_db(transaction=True)

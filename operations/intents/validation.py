@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import regex
 import rfc8785
 
 from operations.currencies import currency_known
@@ -87,17 +88,45 @@ _ODD_SPACE = re.compile(r"[^\S ]")
 # A page shows ordinary spaces in a row as one (HTML collapses them, on the card and in a
 # diff alike): "Acme  Corp" would be paid as another payee than the "Acme Corp" it reads as.
 _SPACES_IN_A_ROW = "  "
-# Latin, Cyrillic and Greek share letters that look alike (a, e, o, p, c, x in each): one
-# word mixing them reads as a word it is not, "v\u0435ndor_77" (a Cyrillic ie) as the payee
-# vendor_77, "ex\u0430mple.com" as the domain example.com. A word in one script is written,
-# not disguised (a Cyrillic domain, "TOO_Rakhat" with TOO in Cyrillic): only a mix inside a
-# word is refused.
-_LOOKALIKE_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK")
+# Scripts share letters that look alike (a, e, o, p, c, x in Latin, Cyrillic and Greek; o in
+# Armenian and Coptic; A, E in Cherokee): one word mixing them reads as a word it is not,
+# "v\u0435ndor_77" (a Cyrillic ie) as the payee vendor_77, "ex\u0430mple.com" as the domain
+# example.com. A word in one script is written, not disguised (a Cyrillic domain,
+# "TOO_Rakhat" with TOO in Cyrillic): only a mix inside a word is refused, but for the mixes
+# East Asian writing is made of (Unicode TR39's highly restrictive profile).
 _WORD = re.compile(r"[^\W\d_]+")
+# Named here so a refusal can name them; a letter of a script not listed is named by the
+# first word of its Unicode name, which for a script's letters is the script.
+_SCRIPT_NAMES = (
+    "Latin", "Cyrillic", "Greek", "Armenian", "Georgian", "Coptic", "Cherokee", "Hebrew",
+    "Arabic", "Syriac", "Thaana", "Devanagari", "Bengali", "Gurmukhi", "Gujarati", "Oriya",
+    "Tamil", "Telugu", "Kannada", "Malayalam", "Sinhala", "Thai", "Lao", "Tibetan", "Myanmar",
+    "Khmer", "Mongolian", "Ethiopic", "Canadian_Aboriginal", "Tifinagh", "Lisu", "Vai",
+    "Osage", "Glagolitic", "Han", "Hiragana", "Katakana", "Hangul", "Bopomofo", "Yi",
+)
+_SCRIPT_OF = regex.compile("|".join(rf"(?P<{name}>\p{{Script={name}}})" for name in _SCRIPT_NAMES))
+# Characters of every script (digits, µ, the mathematical letters) or of the one beside them
+# (combining marks): no script of their own. Disguises among them are _ascii_disguised's.
+_NO_SCRIPT = regex.compile(r"[\p{Script=Common}\p{Script=Inherited}]")
+_EAST_ASIAN_MIXES = (
+    frozenset({"Latin", "Han", "Hiragana", "Katakana"}),
+    frozenset({"Latin", "Han", "Bopomofo"}),
+    frozenset({"Latin", "Han", "Hangul"}),
+)
+
+
+def _script_of(ch: str) -> str:
+    if _NO_SCRIPT.match(ch):
+        return ""
+    found = _SCRIPT_OF.match(ch)
+    if found:
+        return str(found.lastgroup).replace("_", " ")
+    return unicodedata.name(ch, "").partition(" ")[0].title()
 
 
 def _scripts_mixed(value: str) -> str:
-    """The lookalike scripts one word of `value` mixes ("Latin and Cyrillic"), or ""."""
+    """The scripts one word of `value` mixes and its first letter of another script than
+    the word's first ("Latin and Cyrillic (U+0435 is Cyrillic)"), or ""."""
     if value.isascii():
         return ""
     # Marks and format characters part no word on the page (the joiners a name may hold,
@@ -106,11 +135,37 @@ def _scripts_mixed(value: str) -> str:
     shown = "".join(ch for ch in value if unicodedata.category(ch)[0] != "M"
                     and unicodedata.category(ch) != "Cf")
     for word in _WORD.finditer(shown):
-        # A letter's script is the first word of its Unicode name (CYRILLIC SMALL LETTER IE).
-        scripts = {unicodedata.name(ch, "").partition(" ")[0] for ch in word.group()}
-        mixed = [script for script in _LOOKALIKE_SCRIPTS if script in scripts]
-        if len(mixed) > 1:
-            return " and ".join(script.title() for script in mixed)
+        letters: dict[str, list[str]] = {}  # script: its letters in the word, in order
+        for ch in word.group():
+            letters.setdefault(_script_of(ch), []).append(ch)
+        letters.pop("", None)
+        if len(letters) < 2 or any(set(letters) <= allowed for allowed in _EAST_ASIAN_MIXES):
+            continue
+        # Latin first: it is what a disguise in another script passes for. The letter named
+        # is of the script the word has fewest of, the one that is likely the odd one.
+        named = sorted(letters, key=lambda script: script != "Latin")
+        odd = min(named, key=lambda script: len(letters[script]))
+        return (f"{' and '.join(named)} letters in one word "
+                f"(U+{ord(letters[odd][0]):04X} is {odd})")
+    return ""
+
+
+# Letters and digits other than ASCII ones that mean one (Unicode's compatibility forms):
+# the mathematical ones ("vend\U0001d428r_77" with a bold o), the fullwidth ones, the Roman
+# numerals (a small roman five for a v), the circled and superscript ones. Each reads as the
+# ASCII it stands for. Not the ordinal indicators, which write "N\u00ba" on invoices.
+_ORDINALS = "\u00aa\u00ba"
+
+
+def _ascii_disguised(value: str) -> str:
+    """The first character of `value` that is a compatibility form of ASCII letters or
+    digits ("U+1D428"), or ""."""
+    for ch in value:
+        if ch.isascii() or ch in _ORDINALS or unicodedata.category(ch)[0] not in "LN":
+            continue
+        meant = unicodedata.normalize("NFKC", ch)
+        if meant.isascii() and meant.isalnum():
+            return f"U+{ord(ch):04X}"
     return ""
 
 
@@ -609,8 +664,14 @@ def intent_validate(*, action: str, payload: Any) -> dict[str, Any]:
         mixed = "" if name in _NAMES else _scripts_mixed(value)
         if mixed:
             raise IntentError(
-                f"{action}: {name} mixes {mixed} letters in one word, which would make two "
+                f"{action}: {name} mixes {mixed}, which would make two "
                 "different values read alike"
+            )
+        disguised = "" if name in _NAMES else _ascii_disguised(value)
+        if disguised:
+            raise IntentError(
+                f"{action}: {name} holds a letter or digit in another form than the ASCII one "
+                f"it reads as ({disguised}), which would make two different values read alike"
             )
         # "José" with its accent composed or written apart reads the same on the card, but
         # hashes, and names a payee at the provider, differently: one form only, the usual.

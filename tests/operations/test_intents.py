@@ -952,6 +952,26 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
          "to mixes Latin and Cyrillic letters in one word"),
         ("crm.update_deal", {**DEAL_CHANGE, "patch": {"owner": "s\u0430m@acme.test"}},
          "patch.owner mixes Latin and Cyrillic letters in one word"),
+        # Not only those three: Armenian, Coptic and Cherokee hold Latin lookalikes too.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vend\u0585r_77"},
+         "beneficiary_id mixes Latin and Armenian letters in one word (U+0585 is Armenian)"),
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vend\u2c9fr_77"},
+         "beneficiary_id mixes Latin and Coptic letters in one word (U+2C9F is Coptic)"),
+        ("payments.create", {**PAYMENT, "beneficiary_id": "\u13a0cme_77"},
+         "beneficiary_id mixes Latin and Cherokee letters in one word (U+13A0 is Cherokee)"),
+        # The letter named is the odd one out: a Latin i among Cyrillic letters.
+        ("payments.create", {**PAYMENT, "invoice_id": "\u0411i\u0440\u043bi\u043a-0042"},
+         "invoice_id mixes Latin and Cyrillic letters in one word (U+0069 is Latin)"),
+        # Letters and digits in a form of their own that reads as the ASCII one.
+        ("payments.create", {**PAYMENT, "beneficiary_id": "vend\U0001d428r_77"},
+         "beneficiary_id holds a letter or digit in another form than the ASCII one it reads "
+         "as (U+1D428)"),
+        ("payments.create", {**PAYMENT, "beneficiary_id": "\u2174endor_77"},
+         "beneficiary_id holds a letter or digit in another form than the ASCII one it reads "
+         "as (U+2174)"),
+        ("payments.create", {**PAYMENT, "invoice_id": "inv_\uff19\uff11\uff18\uff12"},
+         "invoice_id holds a letter or digit in another form than the ASCII one it reads as "
+         "(U+FF19)"),
         # A combining mark on the Cyrillic letter still leaves one word on the page.
         ("payments.create", {**PAYMENT, "beneficiary_id": "v\u0435\u0301ndor_77"},
          "beneficiary_id mixes Latin and Cyrillic letters in one word"),
@@ -969,7 +989,9 @@ def test_it_refuses_control_characters_in_an_intent(action, payload, said):
     ],
     ids=["nbsp", "narrow-nbsp", "line-separator", "trailing", "leading", "patch-owner",
          "ideographic-space", "spaces-in-a-row", "patch-spaces-in-a-row", "cyrillic-e",
-         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a", "mark-on-the-letter",
+         "greek-iota-nu", "cyrillic-a-in-domain", "patch-cyrillic-a", "armenian-o",
+         "coptic-o", "cherokee-a", "latin-i-among-cyrillic", "mathematical-o", "roman-five",
+         "fullwidth-digits", "mark-on-the-letter",
          "joiner-in-an-address", "grapheme-joiner", "variation-selector", "hangul-filler",
          "braille-blank"],
 )
@@ -1002,6 +1024,12 @@ def test_it_keeps_ordinary_spaces_inside_a_one_line_field():
 
 
 @pytest.mark.parametrize(("action", "payload"), [
+    # East Asian writing mixes its scripts, and Latin, in one word; "N\u00ba" is how many
+    # invoices are numbered, and the micro sign is no disguise of an ASCII letter.
+    ("payments.create", {**PAYMENT, "beneficiary_id": "\u6771\u4eac\u30bf\u30ef\u30fc_77"}),
+    ("payments.create", {**PAYMENT, "beneficiary_id": "\uc11c\uc6b8Bank"}),
+    ("payments.create", {**PAYMENT, "invoice_id": "N\u00ba 2025-12"}),
+    ("payments.create", {**PAYMENT, "invoice_id": "batch-5\u00b5m"}),
     # A word in one script is written, not disguised: Cyrillic, or Latin beside it.
     ("payments.create", {**PAYMENT, "beneficiary_id": "\u0422\u041e\u041e_Rakhat_77"}),
     ("mail.send", {**MAIL, "to": "anna@\u043f\u043e\u0447\u0442\u0430.\u0440\u0444"}),

@@ -487,6 +487,22 @@ def _found_after_a_decision(
         locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
         why = provider_report_held(locked, external_id=found.external_id, target=to, mismatch="")
         if not why:
+            if locked.status == S.SUCCEEDED and not locked.external_id and (
+                found.external_id and to in (S.SUCCEEDED, S.ACCEPTED)
+            ):
+                # Resolved as succeeded on a person's words, and this is the payment they
+                # meant: recorded as the operation's object, as a provider event about it is,
+                # or a second payment reported for the operation later would be taken for
+                # its first.
+                Operation.objects.filter(id=op.id, status=S.SUCCEEDED, external_id="").update(
+                    external_id=found.external_id)
+                Evidence.objects.create(
+                    operation=locked, kind=EvidenceKind.LOOKUP, from_status=locked.status,
+                    to_status=locked.status, data=data, actor=actor,
+                    summary=f"provider lookup ({found.method}) found {found.external_id}: "
+                    f"{found.status}, agreeing with a person's decision; it records "
+                    f"{found.external_id} as its object",
+                )
             return ReconcileReport(op.id, "nothing_to_do", locked.status, "settled meanwhile",
                                    moved=False)
         Attempt.objects.filter(id=attempt.id).update(needs_review=True, review_note=why[:500])

@@ -505,3 +505,33 @@ def test_it_holds_a_payment_waiting_on_its_customer_when_a_person_failed_it_mean
     assert (noted.from_status, noted.to_status) == (S.FAILED, S.FAILED)
     assert replaced_and_run(op, approver) is None
     assert PaymentIntent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_records_the_payment_a_lookup_found_agreeing_with_a_person_who_resolved_on_words(
+    acme_unknown, operator, sandbox, monkeypatch
+):
+    """The person resolves the unknown payment as succeeded on their words while the lookup
+    is out; it finds the payment succeeded. Not recorded, the operation kept no object, and
+    a second payment the provider later reported for it would be taken for its first."""
+    from operations.engine import webhook_apply
+    from operations.providers.base import WebhookFacts
+
+    op = acme_unknown
+    intent_id = sandbox_payment_create(
+        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
+        metadata={"operation_id": op.id}, confirm=True,
+    )["id"]
+    reconciled_while_resolved(op, monkeypatch, actor=operator, outcome=S.SUCCEEDED,
+                              evidence_text="treasury saw the debit")
+
+    op.refresh_from_db()
+    assert (op.status, op.resolved_manually, op.external_id) == (S.SUCCEEDED, True, intent_id)
+    assert not answers_held_for_review(operation=op).exists()
+    assert op.evidence.filter(kind="lookup", summary__contains="agreeing").count() == 1
+
+    result, _ = webhook_apply(provider="payments", facts=WebhookFacts(
+        event_id="evt_second", event_type="payment_intent.succeeded", operation_id=op.id,
+        external_id="pi_second", status="succeeded"))
+    assert result == "held"
+    assert PaymentIntent.objects.count() == 1

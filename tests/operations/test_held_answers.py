@@ -30,6 +30,7 @@ from tests.operations.engine_helpers import (
     replaced_and_run,
     stalled_before_recording,
 )
+from tests.operations.operator_helpers import payment_at_provider
 
 S = OperationStatus
 
@@ -429,10 +430,7 @@ def test_it_holds_a_payment_a_lookup_found_while_a_person_failed_the_operation_o
     intent could be replaced, and the replacement would pay a second time."""
 
     op = acme_unknown
-    intent_id = sandbox_payment_create(
-        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
-        metadata={"operation_id": op.id}, confirm=True,
-    )["id"]
+    intent_id = payment_at_provider(op)
     reconciled_while_resolved(op, monkeypatch, actor=operator, outcome=S.FAILED,
                               evidence_text="no debit on the bank statement")
 
@@ -457,10 +455,7 @@ def test_it_holds_a_payment_a_lookup_found_when_a_person_failed_it_just_before_i
     from operations.models import AuditEvent
 
     op = acme_unknown
-    intent_id = sandbox_payment_create(
-        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
-        metadata={"operation_id": op.id}, confirm=True,
-    )["id"]
+    intent_id = payment_at_provider(op)
     reconciled_resolved_before_its_write(
         op, monkeypatch, write="_transition_deciding_kept", resolver=operator,
         outcome=S.FAILED, actor=operator, reason="the vendor asks",
@@ -518,10 +513,7 @@ def test_it_records_the_payment_a_lookup_found_agreeing_with_a_person_who_resolv
     from operations.providers.base import WebhookFacts
 
     op = acme_unknown
-    intent_id = sandbox_payment_create(
-        amount=op.payload["amount_minor"], currency=op.payload["currency"].lower(),
-        metadata={"operation_id": op.id}, confirm=True,
-    )["id"]
+    intent_id = payment_at_provider(op)
     reconciled_while_resolved(op, monkeypatch, actor=operator, outcome=S.SUCCEEDED,
                               evidence_text="treasury saw the debit")
 

@@ -27,7 +27,12 @@ from operations.engine.core import (
     unanswered_call_lands_by,
 )
 from operations.engine.prepare import call_problem
-from operations.engine.webhooks import provider_report_held, webhook_events_decide_kept
+from operations.engine.webhooks import (
+    first_object_record,
+    first_object_reported,
+    provider_report_held,
+    webhook_events_decide_kept,
+)
 from operations.models import (
     Attempt,
     AttemptKind,
@@ -482,20 +487,17 @@ def _found_after_a_decision(
     """The lookup found the operation's object in a state that a person's resolution or hold,
     made while the lookup was out, may contradict (a decline read after they resolved it as
     succeeded): held for that person as the same report by event or late answer is, or with
-    its event lost nobody would learn it. One that agrees with them changes nothing."""
+    its event lost nobody would learn it. One that agrees with them changes no status; it
+    may give a success settled on words alone its object."""
     with transaction.atomic():
         locked = Operation.objects.select_for_update(of=("self",)).get(id=op.id)
         why = provider_report_held(locked, external_id=found.external_id, target=to, mismatch="")
         if not why:
-            if locked.status == S.SUCCEEDED and not locked.external_id and (
-                found.external_id and to in (S.SUCCEEDED, S.ACCEPTED)
+            # Resolved as succeeded on a person's words, and this is the payment they meant:
+            # recorded as the operation's object, as a provider event about it is.
+            if first_object_reported(locked, external_id=found.external_id, target=to) and (
+                first_object_record(locked, external_id=found.external_id)
             ):
-                # Resolved as succeeded on a person's words, and this is the payment they
-                # meant: recorded as the operation's object, as a provider event about it is,
-                # or a second payment reported for the operation later would be taken for
-                # its first.
-                Operation.objects.filter(id=op.id, status=S.SUCCEEDED, external_id="").update(
-                    external_id=found.external_id)
                 Evidence.objects.create(
                     operation=locked, kind=EvidenceKind.LOOKUP, from_status=locked.status,
                     to_status=locked.status, data=data, actor=actor,

@@ -126,7 +126,7 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
     result = "ignored"
     if held:
         result, message = "held", f"held for review: {held}"
-    elif _first_object_reported(op, facts=facts, target=target):
+    elif first_object_reported(op, external_id=facts.external_id, target=target):
         return _webhook_object_record(op, facts=facts, data=data)
     elif op.resolved_manually or op.status == S.DISPUTED:
         message = f"ignored: {op.id} is {op.status} by an operator's decision"
@@ -178,16 +178,25 @@ def _webhook_transition(op: Operation, *, facts: WebhookFacts) -> tuple[str, str
     return result, message
 
 
-def _first_object_reported(op: Operation, *, facts: WebhookFacts, target: str | None) -> bool:
+def first_object_reported(op: Operation, *, external_id: str, target: str | None) -> bool:
     """A succeeded operation that records no object (a person resolved it by evidence text
-    alone, or an answer that named none settled it) and an event, not held, about an object
-    that moved money for it (or is moving it). That object is recorded as the operation's:
-    without one, nothing tells a second effect from ours, and every later payment reported
-    for the operation would be ignored as "already succeeded"."""
+    alone, or an answer that named none settled it) and a report, not held (an event, a
+    lookup), of an object that moved money for it (or is moving it). That object is recorded
+    as the operation's (`first_object_record`): without one, nothing tells a second effect
+    from ours, and every later payment reported for the operation would be ignored as
+    "already succeeded"."""
     return bool(
-        op.status == S.SUCCEEDED and not op.external_id and facts.external_id
+        op.status == S.SUCCEEDED and not op.external_id and external_id
         and target in (S.SUCCEEDED, S.ACCEPTED)
     )
+
+
+def first_object_record(op: Operation, *, external_id: str) -> bool:
+    """Record the reported object on the operation; its status does not change. False when
+    the operation moved on or recorded one meanwhile."""
+    return Operation.objects.filter(
+        id=op.id, status=S.SUCCEEDED, external_id=""
+    ).update(external_id=external_id) == 1
 
 
 def _webhook_object_record(
@@ -195,10 +204,7 @@ def _webhook_object_record(
 ) -> tuple[str, str]:
     """Record the event's object on the operation; its status does not change (not applied:
     whoever settled it, a person or the engine, did so without this event)."""
-    recorded = Operation.objects.filter(
-        id=op.id, status=S.SUCCEEDED, external_id=""
-    ).update(external_id=facts.external_id) == 1
-    if recorded:
+    if first_object_record(op, external_id=facts.external_id):
         settled = (
             f"{op.status} by an operator's decision" if op.resolved_manually
             else f"already {op.status}"

@@ -185,15 +185,29 @@ def user_delete(*, user, actor=None, reason: str = "") -> None:
 TRAILED_FIELDS = ("is_active", "is_staff", "is_superuser", "username")
 
 
+def _permission_names(permissions) -> list[str]:
+    """Model permissions as `app.codename`, sorted: how the trail names them."""
+    return sorted(
+        f"{app}.{codename}"
+        for app, codename in permissions.values_list("content_type__app_label", "codename")
+    )
+
+
+def _changes(before: dict, after: dict) -> dict[str, dict]:
+    """An update event's before and after: only what changed; empty when nothing did."""
+    changed = [name for name in before if before[name] != after[name]]
+    if not changed:
+        return {}
+    return {"before": {name: before[name] for name in changed},
+            "after": {name: after[name] for name in changed}}
+
+
 def _access_held(user) -> dict[str, list[str]]:
     """The groups and model permissions /admin/ gives a person: with them a staff member may
     change other people's accounts there (their flags, their passwords)."""
     return {
         "groups": sorted(user.groups.values_list("name", flat=True)),
-        "user_permissions": sorted(
-            f"{app}.{codename}" for app, codename in user.user_permissions.values_list(
-                "content_type__app_label", "codename")
-        ),
+        "user_permissions": _permission_names(user.user_permissions),
     }
 
 
@@ -223,20 +237,12 @@ def user_save(*, user, actor=None, save_related: Callable[[], None] | None = Non
         if save_related is not None:
             save_related()
         after = {**{flag: getattr(user, flag) for flag in TRAILED_FIELDS}, **_access_held(user)}
-        changed = [name for name in before if before[name] != after[name]]
-        if changed:
+        changes = _changes(before, after)
+        if changes:
             _user_event_record(
                 user=user, tenants=_tenants_held(user), actor=actor, action="user.update",
-                before={name: before[name] for name in changed},
-                after={name: after[name] for name in changed},
+                **changes,
             )
-
-
-def _group_permissions(group: Group) -> list[str]:
-    return sorted(
-        f"{app}.{codename}" for app, codename in group.permissions.values_list(
-            "content_type__app_label", "codename")
-    )
 
 
 def _group_event_record(*, group: Group, actor, action: str, **event) -> None:
@@ -262,21 +268,17 @@ def group_save(
         else:
             locked = Group.objects.select_for_update().filter(pk=group.pk)
             before = {"name": locked.values_list("name", flat=True).get(),
-                      "permissions": _group_permissions(group)}
+                      "permissions": _permission_names(group.permissions)}
         group.save()
         if save_related is not None:
             save_related()
-        after = {"name": group.name, "permissions": _group_permissions(group)}
+        after = {"name": group.name, "permissions": _permission_names(group.permissions)}
         if before is None:
             _group_event_record(group=group, actor=actor, action="group.create", after=after)
             return
-        changed = [name for name in before if before[name] != after[name]]
-        if changed:
-            _group_event_record(
-                group=group, actor=actor, action="group.update",
-                before={name: before[name] for name in changed},
-                after={name: after[name] for name in changed},
-            )
+        changes = _changes(before, after)
+        if changes:
+            _group_event_record(group=group, actor=actor, action="group.update", **changes)
 
 
 def group_delete(*, group: Group, actor=None) -> None:
@@ -286,7 +288,7 @@ def group_delete(*, group: Group, actor=None) -> None:
         Group.objects.select_for_update().filter(pk=group.pk).values_list("pk").first()
         _group_event_record(
             group=group, actor=actor, action="group.delete",
-            before={"name": group.name, "permissions": _group_permissions(group)},
+            before={"name": group.name, "permissions": _permission_names(group.permissions)},
         )
         group.delete()
 

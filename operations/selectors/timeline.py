@@ -193,21 +193,17 @@ def _timeline_end(op: Operation, *, newest: bool, limit: int | None) -> list[Tim
         qs = qs.order_by(f"{sign}{at}", f"{sign}id")
         return qs if limit is None else qs[:limit]
 
-    attempts = list(end_of(op.attempts.all(), "started_at"))
-    evidence_rows = list(end_of(op.evidence.select_related("actor"), "created_at"))
-    if limit is None:
-        accounts = len({a.provider_account for a in attempts if a.provider_account})
-        references = _reference_checks(evidence_rows)
-    else:
-        # Read apart: the attempts shown may be checks of a reference recorded on evidence
-        # not shown, and one attempt to another account anywhere makes each worth naming.
-        # No ordering: Attempt's own would join the operation and make every row distinct.
-        accounts = op.attempts.exclude(provider_account="").order_by().values(
-            "provider_account").distinct()[:2].count()
-        references = _reference_checks(op.evidence.filter(data__has_key="provider_reference"))
+    # Read apart from the rows shown: the attempts shown may be checks of a reference
+    # recorded on evidence not shown, and one attempt to another account anywhere makes
+    # each worth naming. No ordering: Attempt's own would join the operation and make every
+    # row distinct.
+    accounts = op.attempts.exclude(provider_account="").order_by().values(
+        "provider_account").distinct()[:2].count()
+    references = _reference_checks(op.evidence.filter(data__has_key="provider_reference"))
     merged = heapq.merge(
-        _attempt_entries(attempts, references=references, accounts=accounts),
-        _evidence_entries(evidence_rows),
+        _attempt_entries(end_of(op.attempts.all(), "started_at"), references=references,
+                         accounts=accounts),
+        _evidence_entries(end_of(op.evidence.select_related("actor"), "created_at")),
         _webhook_entries(end_of(op.webhooks.all(), "received_at")),
         _audit_entries(end_of(_audit_of(op), "created_at")),
         key=lambda pair: pair[0],
@@ -225,7 +221,7 @@ def _count(qs: QuerySet) -> Subquery:
     )
 
 
-def operation_timeline_length(op: Operation) -> int:
+def _timeline_length(op: Operation) -> int:
     counts = Operation.objects.filter(id=op.id).values(
         attempts_n=_count(Attempt.objects.filter(operation=OuterRef("id"))),
         evidence_n=_count(Evidence.objects.filter(operation=OuterRef("id"))),
@@ -242,7 +238,7 @@ def operation_timeline(op: Operation, *, whole: bool = False) -> Timeline:
     (`whole`)."""
     if whole:
         return Timeline(_timeline_end(op, newest=False, limit=None))
-    length = operation_timeline_length(op)
+    length = _timeline_length(op)
     if length <= TIMELINE_HEAD + TIMELINE_TAIL:
         return Timeline(_timeline_end(op, newest=False, limit=None))
     return Timeline(
